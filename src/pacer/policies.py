@@ -1,0 +1,182 @@
+"""Draft-length policies: the decoding loop asks one after every drafted token "draft another?".
+
+A policy sees a :class:`DraftState` (what the draft computed so far this round) and, after verification, a
+:class:`RoundResult`. The loop itself enforces ``min_draft <= γ <= max_draft`` and the token budget, so a policy
+only answers the question in between. Every method of the project uses the same loop; only the policy differs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import PacerError
+
+
+@dataclass
+class DraftState:
+    """What the draft model computed for the tokens drafted so far in this round (all lists have length ``n``).
+
+    ``prob`` is ``q(d_i)``, the draft's probability of its own token; ``top_prob`` is ``max q``; ``entropy`` is the
+    entropy of ``q`` in nats; ``hidden`` holds, per token, the draft's hidden state(s) at the position that predicted
+    it (the layers the policy asked for, concatenated), only when ``policy.hidden_layers`` is set. ``produced`` is
+    the number of tokens generated before this round; ``phrase`` marks tokens that came from a phrase (Ouroboros).
+    """
+
+    produced: int = 0
+    tokens: list[int] = field(default_factory=list)
+    prob: list[float] = field(default_factory=list)
+    top_prob: list[float] = field(default_factory=list)
+    entropy: list[float] = field(default_factory=list)
+    hidden: list[torch.Tensor] = field(default_factory=list)
+    phrase: list[bool] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class RoundResult:
+    """Verification outcome: ``accepted`` of ``drafted`` tokens, and soft acceptance ``min(1, p/q)`` per token."""
+
+    drafted: int
+    accepted: int
+    soft: list[float] = field(default_factory=list)
+
+
+class DraftPolicy:
+    """Base class. Subclasses override :meth:`should_continue` and optionally :meth:`update` / :meth:`reset`."""
+
+    name = "policy"
+    #: draft layers whose hidden states the policy reads (``None``: no hidden states are gathered)
+    hidden_layers: tuple[int, ...] | None = None
+
+    def __init__(self, min_draft: int = 1, max_draft: int = 16) -> None:
+        if min_draft < 0 or max_draft <= 0 or min_draft > max_draft:
+            raise PacerError(
+                f"draft bounds must satisfy 0 <= min-draft <= max-draft and max-draft >= 1, "
+                f"got min {min_draft}, max {max_draft}"
+            )
+        self.min_draft = min_draft
+        self.max_draft = max_draft
+
+    def reset(self) -> None:
+        """Called at the start of each generation."""
+
+    def should_continue(self, state: DraftState) -> bool:
+        raise NotImplementedError
+
+    def update(self, state: DraftState, result: RoundResult) -> None:
+        """Called after every verification with the round's draft state and outcome."""
+
+    def describe(self) -> str:
+        return f"{self.name}(min={self.min_draft}, max={self.max_draft})"
+
+
+class FixedPolicy(DraftPolicy):
+    """Classic speculative decoding: always draft ``γ`` tokens."""
+
+    name = "sd"
+
+    def __init__(self, gamma: int = 4, min_draft: int | None = None, max_draft: int | None = None) -> None:
+        if gamma <= 0:
+            raise PacerError(f"--gamma must be >= 1, got {gamma}")
+        super().__init__(min_draft if min_draft is not None else 1, max_draft if max_draft is not None else gamma)
+        self.gamma = gamma
+
+    def should_continue(self, state: DraftState) -> bool:
+        return state.n < self.gamma
+
+    def describe(self) -> str:
+        return f"sd(gamma={self.gamma})"
+
+
+class HeuristicPolicy(DraftPolicy):
+    """Hugging Face's ``heuristic`` schedule: γ += 2 after a fully accepted round, γ -= 1 otherwise (bounded)."""
+
+    name = "heuristic"
+
+    def __init__(self, gamma: int = 5, min_draft: int = 1, max_draft: int = 16) -> None:
+        super().__init__(min_draft, max_draft)
+        self.initial = gamma
+        self.gamma = gamma
+
+    def reset(self) -> None:
+        self.gamma = self.initial
+
+    def should_continue(self, state: DraftState) -> bool:
+        return state.n < self.gamma
+
+    def update(self, state: DraftState, result: RoundResult) -> None:
+        if result.drafted == 0:
+            return
+        step = 2 if result.accepted == result.drafted else -1
+        self.gamma = min(self.max_draft, max(max(self.min_draft, 1), self.gamma + step))
+
+
+class ConfidencePolicy(DraftPolicy):
+    """Stop once the draft's top probability for the last token falls below ``threshold`` (HF-style)."""
+
+    name = "confidence"
+
+    def __init__(self, threshold: float = 0.4, min_draft: int = 1, max_draft: int = 16) -> None:
+        super().__init__(min_draft, max_draft)
+        if not 0.0 <= threshold <= 1.0:
+            raise PacerError(f"confidence threshold must be in [0, 1], got {threshold}")
+        self.threshold = threshold
+
+    def should_continue(self, state: DraftState) -> bool:
+        return state.n == 0 or state.top_prob[-1] >= self.threshold
+
+
+class EntropyPolicy(DraftPolicy):
+    """AdaEDL / SVIP-like: stop once the draft's entropy for the last token exceeds ``threshold`` (nats).
+
+    AdaEDL bounds the acceptance probability from below by ``1 - sqrt(γ_e * H)``; stopping when that bound drops
+    under ``λ`` is the same as stopping when ``H > (1 - λ)^2 / γ_e``, i.e. an entropy threshold.
+    """
+
+    name = "entropy"
+
+    def __init__(self, threshold: float = 1.0, min_draft: int = 1, max_draft: int = 16) -> None:
+        super().__init__(min_draft, max_draft)
+        if threshold < 0 or math.isnan(threshold):
+            raise PacerError(f"entropy threshold must be >= 0, got {threshold}")
+        self.threshold = threshold
+
+    def should_continue(self, state: DraftState) -> bool:
+        return state.n == 0 or state.entropy[-1] <= self.threshold
+
+
+class OraclePolicy(DraftPolicy):
+    """Measurement only: knows, for every generated position, whether the draft's greedy token there equals the
+    target's greedy token (``agree``), and drafts exactly up to the first mismatch - the best any length policy
+    can do on a pair. Build it with :func:`pacer.decoding.oracle_agreement`. Greedy decoding only."""
+
+    name = "oracle"
+
+    def __init__(self, agree: list[bool] | None = None, min_draft: int = 0, max_draft: int = 32) -> None:
+        super().__init__(min_draft, max_draft)
+        self.agree = agree
+
+    def should_continue(self, state: DraftState) -> bool:
+        if self.agree is None:
+            raise PacerError("the oracle policy needs the target's continuation; use Decoder.generate(method='oracle')")
+        j = state.produced + state.n  # index (among generated tokens) of the token that would be drafted next
+        return j < len(self.agree) and self.agree[j]
+
+
+POLICIES: dict[str, type[DraftPolicy]] = {
+    "sd": FixedPolicy,
+    "heuristic": HeuristicPolicy,
+    "confidence": ConfidencePolicy,
+    "entropy": EntropyPolicy,
+    "oracle": OraclePolicy,
+}
+
+
+def register(name: str, cls: type[DraftPolicy]) -> None:
+    POLICIES[name] = cls

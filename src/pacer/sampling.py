@@ -1,0 +1,111 @@
+"""Logit warping, sampling and the two verification rules of speculative decoding.
+
+Terms (one round, one sequence):
+
+* ``γ``  - number of draft tokens ``d_1..d_γ`` proposed in the round.
+* ``q``  - draft distributions, tensor ``[γ, V]``; ``q[i]`` is the draft's distribution from which ``d_{i+1}`` was
+  drawn (after the same temperature/top-k/top-p warping as the target).
+* ``p``  - target distributions, tensor ``[γ + 1, V]``; ``p[i]`` is the target's next-token distribution after the
+  prefix and ``d_1..d_i``. ``p[γ]`` gives the bonus token when every draft token is accepted.
+* ``n``  - accepted draft tokens, ``0 <= n <= γ``. A round always emits ``n + 1`` tokens: ``d_1..d_n`` and one token
+  from the target (the correction at the first rejection, or the bonus token).
+
+Greedy verification keeps the longest prefix where ``d_{i+1} == argmax p[i]`` and emits ``argmax p[n]``: the output
+is token for token the target's greedy output. Sampling verification (Leviathan et al. 2023; Chen et al. 2023)
+accepts ``d_{i+1}`` with probability ``min(1, p[i][d] / q[i][d])`` and otherwise emits a sample from the normalised
+residual ``max(0, p[i] - q[i])``: every emitted token is distributed exactly as the target's warped distribution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import PacerError
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """``temperature == 0`` means greedy; top-k 0 and top-p 1.0 disable those filters."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise PacerError(f"--temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise PacerError(f"--top-k must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise PacerError(f"--top-p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def generator(self) -> torch.Generator:
+        return torch.Generator().manual_seed(self.seed)
+
+
+def warp(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """Float32 probabilities after temperature, top-k and top-p; ``logits`` is ``[..., V]``."""
+    logits = logits.float()
+    if cfg.greedy:
+        return torch.softmax(logits, dim=-1)
+    logits = logits / cfg.temperature
+    if cfg.top_k and cfg.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, cfg.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if cfg.top_p < 1.0:
+        sorted_logits, idx = torch.sort(logits, dim=-1, descending=True)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+        remove = cum - torch.softmax(sorted_logits, dim=-1) >= cfg.top_p  # keep the smallest set reaching top_p
+        sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, idx, sorted_logits)
+    return torch.softmax(logits, dim=-1)
+
+
+def pick(probs: torch.Tensor, cfg: SamplingConfig, gen: torch.Generator) -> int:
+    """The argmax (greedy) or a sample from ``probs`` (``[V]``)."""
+    if cfg.greedy:
+        return int(probs.argmax())
+    return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def verify_greedy(draft: list[int], target_logits: torch.Tensor) -> tuple[int, int]:
+    """Greedy rule: ``(n, token)`` with ``n`` the longest prefix of ``draft`` equal to the target's argmax."""
+    t = target_logits.argmax(-1).tolist()  # [γ + 1]
+    n = 0
+    while n < len(draft) and draft[n] == t[n]:
+        n += 1
+    return n, t[n]
+
+
+def verify_sampling(
+    draft: list[int], q: torch.Tensor, p: torch.Tensor, gen: torch.Generator
+) -> tuple[int, int]:
+    """Rejection-sampling rule: ``(n, token)`` where ``token`` is the residual sample or the bonus token."""
+    for i, x in enumerate(draft):
+        r = torch.rand((), generator=gen).item()
+        if r * float(q[i, x]) < float(p[i, x]):  # r < p/q without dividing
+            continue
+        residual = (p[i] - q[i]).clamp_min(0.0)
+        total = float(residual.sum())
+        # total == 0 only when p == q up to rounding, where rejection has probability ~0: fall back to p.
+        dist = residual / total if total > 0 else p[i]
+        return i, int(torch.multinomial(dist, 1, generator=gen))
+    return len(draft), int(torch.multinomial(p[len(draft)], 1, generator=gen))
+
+
+def acceptance_probs(draft: list[int], q: torch.Tensor | None, p: torch.Tensor) -> list[float]:
+    """Soft acceptance ``min(1, p[i][d_{i+1}] / q[i][d_{i+1}])`` per draft token (1/0 match when ``q`` is None)."""
+    out = []
+    for i, x in enumerate(draft):
+        if q is None:
+            out.append(float(int(p[i].argmax()) == x))
+        else:
+            out.append(min(1.0, float(p[i, x]) / max(float(q[i, x]), 1e-20)))
+    return out

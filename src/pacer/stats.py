@@ -1,0 +1,109 @@
+"""Per-generation statistics, with the field's definitions.
+
+* **round** - one draft-then-verify cycle; it costs exactly one target forward (a *target call*).
+* **draft length** ``γ_t`` - draft tokens proposed in round ``t`` (``draft_lengths``).
+* **accept length** ``n_t`` - draft tokens the target accepted in round ``t`` (``accept_lengths``).
+* **acceptance rate** ``α = Σ n_t / Σ γ_t`` - accepted over proposed draft tokens.
+* **mean accepted tokens** ``τ = Σ (n_t + 1) / rounds`` - tokens produced per target call, counting the target's
+  bonus/correction token; plain decoding has ``τ = 1``. Counted before truncation at EOS / stop / max tokens.
+* **wasted draft tokens** ``Σ (γ_t - n_t)`` - drafted and rejected.
+* **per-position acceptance** - for draft position ``i`` (1-based), accepted / proposed among rounds that drafted
+  at least ``i`` tokens (a token after the first rejection counts as not accepted).
+* **tokens/s** - new tokens over wall time of the whole generation (prefill included).
+* **time_draft / time_verify / time_policy** - seconds in draft forwards, target forwards plus the acceptance rule,
+  and the length policy's own work (feature building, the pre-verification layer).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class GenerationStats:
+    method: str = ""
+    new_tokens: int = 0
+    prompt_tokens: int = 0
+    target_calls: int = 0
+    draft_forwards: int = 0
+    draft_lengths: list[int] = field(default_factory=list)
+    accept_lengths: list[int] = field(default_factory=list)
+    wall_time: float = 0.0
+    time_draft: float = 0.0
+    time_verify: float = 0.0
+    time_policy: float = 0.0
+    finish_reason: str = ""
+
+    def record_round(self, drafted: int, accepted: int) -> None:
+        self.target_calls += 1
+        self.draft_lengths.append(drafted)
+        self.accept_lengths.append(accepted)
+
+    @property
+    def draft_tokens(self) -> int:
+        return sum(self.draft_lengths)
+
+    @property
+    def accepted_tokens(self) -> int:
+        return sum(self.accept_lengths)
+
+    @property
+    def rounds(self) -> int:
+        return len(self.accept_lengths)
+
+    @property
+    def tau(self) -> float:
+        """Mean accepted tokens per target call, bonus token included (1.0 for plain decoding)."""
+        return (self.accepted_tokens + self.rounds) / self.rounds if self.rounds else 1.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def wasted_draft_tokens(self) -> int:
+        return self.draft_tokens - self.accepted_tokens
+
+    @property
+    def mean_draft_length(self) -> float:
+        return self.draft_tokens / self.rounds if self.rounds else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_time if self.wall_time > 0 else 0.0
+
+    def per_position_acceptance(self) -> list[float]:
+        top = max(self.draft_lengths, default=0)
+        out = []
+        for i in range(1, top + 1):
+            proposed = sum(1 for g in self.draft_lengths if g >= i)
+            accepted = sum(1 for n in self.accept_lengths if n >= i)
+            out.append(accepted / proposed if proposed else 0.0)
+        return out
+
+    def accept_length_histogram(self) -> dict[int, int]:
+        return dict(sorted(Counter(self.accept_lengths).items()))
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(
+            draft_tokens=self.draft_tokens,
+            accepted_tokens=self.accepted_tokens,
+            tau=round(self.tau, 4),
+            acceptance_rate=round(self.acceptance_rate, 4),
+            wasted_draft_tokens=self.wasted_draft_tokens,
+            mean_draft_length=round(self.mean_draft_length, 3),
+            tokens_per_s=round(self.tokens_per_s, 3),
+            per_position_acceptance=[round(x, 4) for x in self.per_position_acceptance()],
+            accept_length_histogram=self.accept_length_histogram(),
+        )
+        return d
+
+    def summary(self) -> str:
+        return (
+            f"[{self.method}] {self.new_tokens} tokens in {self.wall_time:.2f}s = {self.tokens_per_s:.2f} tok/s | "
+            f"target calls {self.target_calls}, tau {self.tau:.2f}, acceptance {self.acceptance_rate:.1%}, "
+            f"mean draft {self.mean_draft_length:.2f}, wasted {self.wasted_draft_tokens} | "
+            f"draft {self.time_draft:.2f}s verify {self.time_verify:.2f}s policy {self.time_policy:.3f}s"
+        )

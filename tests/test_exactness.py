@@ -1,0 +1,149 @@
+"""Greedy speculative decoding must reproduce plain greedy decoding token for token, for every policy."""
+
+import pytest
+
+from pacer.decoding import CachedModel, Output, TokenDrafter, speculative_generate
+from pacer.policies import DraftPolicy, FixedPolicy, RoundResult
+from pacer.sampling import SamplingConfig
+from pacer.stats import GenerationStats
+
+PROMPTS = ["hello world, this is", "def f(x):\n    return", "a", "The 3 quick brown foxes"]
+METHODS = ["sd", "heuristic", "confidence", "entropy", "oracle"]
+
+
+@pytest.mark.parametrize("kind", ["close", "same", "random"])
+@pytest.mark.parametrize("method", METHODS)
+def test_greedy_sd_equals_plain(pairs, kind, method):
+    dec = pairs[kind]
+    for prompt in PROMPTS:
+        ids = dec.encode(prompt)
+        ar = dec.generate(ids, "ar", max_new_tokens=37)
+        for gamma in (1, 2, 5, 40):
+            res = dec.generate(ids, method, max_new_tokens=37, gamma=gamma)
+            assert res.token_ids == ar.token_ids, (kind, method, prompt, gamma)
+            st = res.stats
+            assert st.new_tokens == len(ar.token_ids)
+            assert all(0 <= n <= g for n, g in zip(st.accept_lengths, st.draft_lengths, strict=True))
+            if method == "sd":
+                assert max(st.draft_lengths) <= min(gamma, 36)
+
+
+def test_draft_equal_to_target_accepts_everything(pairs):
+    dec = pairs["same"]
+    for prompt in PROMPTS:
+        res = dec.generate(prompt, "sd", max_new_tokens=40, gamma=4)
+        assert res.stats.acceptance_rate == 1.0
+        if res.stats.finish_reason == "length":
+            assert res.stats.tau == 5.0  # 4 accepted + the bonus token per target call
+            assert res.stats.target_calls == 8
+
+
+def test_random_draft_accepts_almost_nothing_and_is_exact(pairs):
+    dec = pairs["random"]
+    ids = dec.encode(PROMPTS[0])
+    ar = dec.generate(ids, "ar", max_new_tokens=60)
+    res = dec.generate(ids, "sd", max_new_tokens=60, gamma=4)
+    assert res.token_ids == ar.token_ids
+    assert res.stats.acceptance_rate < 0.1
+    assert res.stats.target_calls >= 0.9 * res.stats.new_tokens
+
+
+class CacheChecker(DraftPolicy):
+    """Fixed-γ policy that asserts, after every round, that both caches hold exactly the committed prefix."""
+
+    name = "check"
+
+    def __init__(self, target: CachedModel, drafter: TokenDrafter, prompt_len: int, out: Output, gamma: int):
+        super().__init__(1, gamma)
+        self.t, self.d, self.p, self.out, self.gamma, self.rounds = target, drafter, prompt_len, out, gamma, 0
+
+    def should_continue(self, state):
+        return state.n < self.gamma
+
+    def update(self, state, result: RoundResult):
+        self.rounds += 1
+        committed = self.p + len(self.out.ids)
+        if self.out.done:
+            return
+        # the target has everything but the newest token (the bonus/correction, fed next round)
+        assert self.t.length == committed - 1
+        # the draft never holds more than the accepted prefix, and at most two tokens behind
+        assert committed - 2 <= self.d.model.length <= committed - 1
+        assert self.t.cache.get_seq_length() == self.t.length
+        assert self.d.model.cache.get_seq_length() == self.d.model.length
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 8])
+def test_cache_lengths_after_every_round(close, gamma):
+    ids = close.encode(PROMPTS[1])
+    out = Output(50, set())  # no EOS: run the whole budget
+    drafter = TokenDrafter(close.draft_info.model, close.vocab)
+    pol = CacheChecker(close.target, drafter, len(ids), out, gamma)
+    speculative_generate(close.target, drafter, pol, ids, out, SamplingConfig(), GenerationStats())
+    assert pol.rounds > 5 and len(out.ids) == 50
+
+
+def test_eos_and_max_new_tokens_inside_a_draft_block(pairs):
+    dec = pairs["same"]  # accepts whole blocks, so every stop falls inside one
+    ids = dec.encode(PROMPTS[0])
+    ar = dec.generate(ids, "ar", max_new_tokens=30).token_ids
+    # max_new_tokens inside a block of 8
+    for m in (1, 2, 5, 7, 13):
+        res = dec.generate(ids, "sd", max_new_tokens=m, gamma=8)
+        assert res.token_ids == ar[:m] and res.stats.finish_reason in ("length", "eos")
+    # EOS inside a block: make the 6th plain token an end token
+    saved = set(dec.eos)
+    try:
+        dec.eos.add(ar[5])
+        k = ar.index(ar[5])
+        res = dec.generate(ids, "sd", max_new_tokens=30, gamma=8)
+        assert res.token_ids == ar[: k + 1] and res.stats.finish_reason == "eos"
+        assert dec.generate(ids, "ar", max_new_tokens=30).token_ids == ar[: k + 1]
+    finally:
+        dec.eos.clear()
+        dec.eos.update(saved)
+
+
+def test_stop_string_inside_a_block_matches_plain(pairs):
+    dec = pairs["same"]
+    ids = dec.encode(PROMPTS[2])
+    full = dec.generate(ids, "ar", max_new_tokens=30)
+    stop = dec.decode(full.token_ids[6:8])
+    if not stop.strip("\ufffd"):
+        pytest.skip("tokens decode to partial bytes")
+    ar = dec.generate(ids, "ar", max_new_tokens=30, stop=[stop])
+    sd = dec.generate(ids, "sd", max_new_tokens=30, stop=[stop], gamma=8)
+    assert sd.token_ids == ar.token_ids and len(ar.token_ids) <= 8
+    assert sd.stats.finish_reason == "stop" and stop not in sd.text
+
+
+def test_sampling_is_reproducible_with_a_seed(close):
+    s = SamplingConfig(temperature=0.8, top_k=50, top_p=0.9, seed=7)
+    a = close.generate(PROMPTS[0], "sd", max_new_tokens=20, sampling=s)
+    b = close.generate(PROMPTS[0], "sd", max_new_tokens=20, sampling=s)
+    assert a.token_ids == b.token_ids
+    c = close.generate(PROMPTS[0], "sd", max_new_tokens=20, sampling=SamplingConfig(0.8, 50, 0.9, seed=8))
+    assert c.token_ids != a.token_ids
+
+
+def test_gamma_larger_than_what_remains(close):
+    ids = close.encode(PROMPTS[0])
+    ar = close.generate(ids, "ar", max_new_tokens=3).token_ids
+    res = close.generate(ids, "sd", max_new_tokens=3, gamma=16)
+    assert res.token_ids == ar and max(res.stats.draft_lengths) <= 2
+
+
+def test_stats_definitions(pairs):
+    res = pairs["same"].generate(PROMPTS[0], "sd", max_new_tokens=14, gamma=3)
+    st = res.stats
+    # 3 rounds of 3 drafted + 1 bonus = 12 tokens; 2 remain, so the last round drafts 1 (+1 bonus)
+    assert st.draft_lengths == [3, 3, 3, 1] and st.accept_lengths == [3, 3, 3, 1]
+    assert st.tau == pytest.approx(14 / 4) and st.acceptance_rate == 1.0
+    assert st.per_position_acceptance() == [1.0, 1.0, 1.0]
+    assert st.accept_length_histogram() == {1: 1, 3: 3}
+    d = st.to_dict()
+    assert d["tokens_per_s"] > 0 and d["target_calls"] == 4 and d["wasted_draft_tokens"] == 0
+
+
+def test_fixed_policy_bounds():
+    assert FixedPolicy(3).max_draft == 3
