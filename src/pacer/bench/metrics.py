@@ -1,0 +1,163 @@
+"""Benchmark metrics, computed from answer records alone (so a report can be rebuilt without the models).
+
+Definitions (per method ``m``, over a group ``G`` of questions - all, one dataset, or one category):
+
+* **tokens/s of a record** - its new tokens over its wall time, summed over the question's turns.
+* **speedup** (Spec-Bench's definition) - mean over questions of ``m``'s tokens/s divided by the mean over
+  the same questions of ``ar``'s tokens/s, computed per repeat on the questions where both finished;
+  reported as the mean over repeats, with the standard deviation, minimum and maximum over repeats as the
+  spread.
+* **median ratio** - the median over (question, repeat) of ``tokens/s(m) / tokens/s(ar)``.
+* **τ** - tokens per target call, pooled over all rounds: ``Σ accept_lengths / rounds``, where a record's
+  ``accept_lengths`` follow Spec-Bench (tokens a target call produced, bonus token included: ``n_t + 1``).
+* **acceptance rate** - accepted over drafted tokens, pooled: ``Σ (accept_lengths - 1) / Σ draft_lengths``.
+* **lossless** - records whose token ids equal ``ar``'s for every turn (same question and repeat).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+
+OVERALL = "overall"
+
+
+def turns(rec: dict) -> dict:
+    return rec["choices"][0]
+
+
+def record_tokens_per_s(rec: dict) -> float:
+    c = turns(rec)
+    wall = sum(c["wall_time"])
+    return sum(c["new_tokens"]) / wall if wall > 0 else 0.0
+
+
+def rounds_of(rec: dict) -> tuple[list[int], list[int]]:
+    """Flattened ``(accept_lengths, draft_lengths)`` over the record's turns."""
+    c = turns(rec)
+    acc = [a for t in c["accept_lengths"] for a in t]
+    dl = [g for t in c.get("draft_lengths", [[0] * len(x) for x in c["accept_lengths"]]) for g in t]
+    return acc, dl
+
+
+def _qkey(rec: dict) -> tuple[str, str]:
+    return str(rec["dataset"]), str(rec["question_id"])
+
+
+def group_names(records: list[dict]) -> list[str]:
+    """``overall``, ``dataset:NAME`` (when several datasets), ``category:NAME``; in order of appearance."""
+    datasets = list(dict.fromkeys(str(r["dataset"]) for r in records))
+    cats = list(dict.fromkeys(str(r["category"]) for r in records))
+    out = [OVERALL]
+    if len(datasets) > 1:
+        out += [f"dataset:{d}" for d in datasets]
+    out += [f"category:{c}" for c in cats]
+    return out
+
+
+def in_group(rec: dict, group: str) -> bool:
+    if group == OVERALL:
+        return True
+    kind, _, name = group.partition(":")
+    return str(rec["dataset" if kind == "dataset" else "category"]) == name
+
+
+def method_stats(records: list[dict], method: str, baseline: str = "ar") -> dict:
+    """Aggregate ``method`` over ``records`` (already restricted to one group); see the module docstring."""
+    mine = {(_qkey(r), int(r.get("repeat", 0))): r for r in records if r["method"] == method}
+    base = {(_qkey(r), int(r.get("repeat", 0))): r for r in records if r["method"] == baseline}
+    paired = sorted(k for k in mine if k in base)
+    per_repeat: dict[int, list[tuple[float, float]]] = {}
+    ratios = []
+    for k in paired:
+        a, b = record_tokens_per_s(mine[k]), record_tokens_per_s(base[k])
+        per_repeat.setdefault(k[1], []).append((a, b))
+        if b > 0:
+            ratios.append(a / b)
+    speedups = []
+    for pairs in per_repeat.values():
+        ms = statistics.fmean(p[0] for p in pairs)
+        bs = statistics.fmean(p[1] for p in pairs)
+        if bs > 0:
+            speedups.append(ms / bs)
+    acc: list[int] = []
+    dl: list[int] = []
+    new_tokens = 0
+    wall = 0.0
+    for r in mine.values():
+        a, d = rounds_of(r)
+        acc += a
+        dl += d
+        new_tokens += sum(turns(r)["new_tokens"])
+        wall += sum(turns(r)["wall_time"])
+    checked = [r for r in mine.values() if r.get("lossless") is not None]
+    out = {
+        "records": len(mine),
+        "questions": len({k[0] for k in mine}),
+        "paired": len(paired),
+        "tokens_per_s": statistics.fmean(record_tokens_per_s(r) for r in mine.values()) if mine else None,
+        "speedup": statistics.fmean(speedups) if speedups else None,
+        "speedup_std": statistics.stdev(speedups) if len(speedups) > 1 else 0.0 if speedups else None,
+        "speedup_min": min(speedups) if speedups else None,
+        "speedup_max": max(speedups) if speedups else None,
+        "speedup_per_repeat": speedups,
+        "median_ratio": statistics.median(ratios) if ratios else None,
+        "tau": sum(acc) / len(acc) if acc else None,
+        "acceptance_rate": (sum(acc) - len(acc)) / sum(dl) if sum(dl) else None,
+        "mean_draft_length": sum(dl) / len(dl) if dl else None,
+        "rounds": len(acc),
+        "new_tokens": new_tokens,
+        "wall_time": wall,
+        "lossless_checked": len(checked),
+        "lossless_identical": sum(1 for r in checked if r["lossless"]),
+    }
+    return out
+
+
+def draft_length_histograms(records: list[dict]) -> dict[str, dict[int, int]]:
+    """Per method, how often each draft length was chosen (all rounds pooled); ``ar`` is left out."""
+    out: dict[str, Counter] = {}
+    for r in records:
+        if r["method"] == "ar":
+            continue
+        out.setdefault(r["method"], Counter()).update(rounds_of(r)[1])
+    return {m: dict(sorted(c.items())) for m, c in out.items()}
+
+
+def distribution_summary(hist: dict[int, int]) -> dict:
+    values = [k for k, c in hist.items() for _ in range(c)]
+    if not values:
+        return {"rounds": 0}
+    q = statistics.quantiles(values, n=10, method="inclusive") if len(values) > 1 else [values[0]] * 9
+    return {"rounds": len(values), "mean": statistics.fmean(values), "median": statistics.median(values),
+            "p10": q[0], "p90": q[-1], "share_0": values.count(0) / len(values),
+            "share_ge_16": sum(v >= 16 for v in values) / len(values)}
+
+
+def divergences(records: list[dict]) -> list[dict]:
+    """Every record that differs from ``ar`` (with where and how close the target's top-2 logits were)."""
+    out = []
+    for r in records:
+        if r.get("lossless") is False:
+            d = dict(r.get("divergence") or {})
+            out.append({"dataset": r["dataset"], "question_id": r["question_id"], "method": r["method"],
+                        "repeat": r.get("repeat", 0), **d})
+    return out
+
+
+def summarize(records: list[dict], methods: list[str] | None = None) -> dict:
+    """Everything the report shows: per group and method stats, draft-length distributions, divergences."""
+    if methods is None:
+        methods = list(dict.fromkeys(r["method"] for r in records))
+    groups = {}
+    for g in group_names(records):
+        sub = [r for r in records if in_group(r, g)]
+        groups[g] = {m: method_stats(sub, m) for m in methods if any(r["method"] == m for r in sub)}
+    hists = draft_length_histograms(records)
+    return {
+        "methods": methods,
+        "groups": groups,
+        "draft_length_histograms": {m: {str(k): v for k, v in h.items()} for m, h in hists.items()},
+        "draft_length_summary": {m: distribution_summary(h) for m, h in hists.items()},
+        "divergences": divergences(records),
+    }

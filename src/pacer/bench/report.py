@@ -1,0 +1,183 @@
+"""``summary.json``, ``report.md`` and the PNG plots of a benchmark folder (all written atomically)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from ..models import atomic_write_bytes, atomic_write_text
+from .metrics import OVERALL, draft_length_histograms, summarize
+
+PLOTS = ("speedup_by_category.png", "oracle_draft_lengths.png", "draft_lengths_vs_oracle.png")
+
+
+def _f(x, fmt: str = ".2f", none: str = "-") -> str:
+    return none if x is None else format(x, fmt)
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> None:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def plot_speedup(summary: dict, path: Path) -> None:
+    plt = _plt()
+    groups = [g for g in summary["groups"] if g != "overall" and not g.startswith("dataset:")] + [OVERALL]
+    methods = [m for m in summary["methods"] if m != "ar"]
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(groups) * max(1, len(methods)) / 3), 4.2))
+    width = 0.8 / max(1, len(methods))
+    for i, m in enumerate(methods):
+        ys = [(summary["groups"][g].get(m) or {}).get("speedup") or 0.0 for g in groups]
+        errs = [(summary["groups"][g].get(m) or {}).get("speedup_std") or 0.0 for g in groups]
+        xs = [j + (i - (len(methods) - 1) / 2) * width for j in range(len(groups))]
+        ax.bar(xs, ys, width, yerr=errs if any(errs) else None, label=m)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels([g.split(":", 1)[-1] for g in groups], rotation=30, ha="right")
+    ax.set_ylabel("speedup over ar (mean tok/s ratio)")
+    ax.set_title("Speedup per category")
+    if methods:
+        ax.legend(fontsize=7, ncol=2)
+    _save(fig, path)
+    plt.close(fig)
+
+
+def plot_oracle(hists: dict[str, dict[int, int]], path: Path) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    oracle = next((h for m, h in hists.items() if m.split(":")[0] == "oracle"), None)
+    if oracle:
+        ax.bar(list(oracle), list(oracle.values()), color="tab:gray")
+        ax.set_title(f"Oracle: best draft length per round ({sum(oracle.values())} rounds)")
+    else:
+        ax.text(0.5, 0.5, "no oracle in this run", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title("Oracle: best draft length per round")
+    ax.set_xlabel("draft length (draft tokens before the first mismatch)")
+    ax.set_ylabel("rounds")
+    _save(fig, path)
+    plt.close(fig)
+
+
+def plot_vs_oracle(hists: dict[str, dict[int, int]], path: Path) -> None:
+    plt = _plt()
+    oracle_name = next((m for m in hists if m.split(":")[0] == "oracle"), None)
+    methods = [m for m in hists if m != oracle_name] or [oracle_name or "none"]
+    cols = min(3, len(methods))
+    rows = (len(methods) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.8 * rows), squeeze=False)
+    top = max((k for h in hists.values() for k in h), default=1)
+    bins = [k - 0.5 for k in range(0, top + 2)]  # one bar centred on every integer length
+    for ax, m in zip(axes.flat, methods, strict=False):
+        for name, color, style in ((oracle_name, "tab:gray", "stepfilled"), (m, "tab:blue", "step")):
+            h = hists.get(name) if name else None
+            if not h:
+                continue
+            vals = [k for k, c in h.items() for _ in range(c)]
+            ax.hist(vals, bins=bins, density=True, histtype=style, color=color, linewidth=1.5,
+                    alpha=0.5 if style == "stepfilled" else 1.0,
+                    label="oracle" if name == oracle_name else "policy")
+        ax.set_title(m, fontsize=9)
+        ax.set_xlabel("draft length per round", fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(methods):]:
+        ax.axis("off")
+    fig.suptitle("Draft lengths chosen by each policy vs the oracle's best (share of rounds)")
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+
+
+def markdown(summary: dict, meta: dict) -> str:
+    L: list[str] = []
+    L.append("# pacer bench report\n")
+    L.append(f"- command: `{meta.get('command', '?')}`")
+    L.append(f"- git commit: `{meta.get('git_commit', 'unknown')}`" + (" (with uncommitted changes)"
+                                                                      if meta.get("git_dirty") else ""))
+    for k in ("started", "updated", "target", "draft", "dtype", "threads", "max_new_tokens", "repeats",
+              "datasets", "selection", "load_average_at_start", "torch", "transformers"):
+        if k in meta:
+            L.append(f"- {k.replace('_', ' ')}: {meta[k]}")
+    L.append("- greedy decoding; wall time per turn from the first forward to the last token (prefill "
+             "included, tokenization and the oracle's reference excluded); methods interleaved per question "
+             "(`ar` first, the others in rotated order) after a warm-up of every method\n")
+    div = summary["divergences"]
+    if div:
+        L.append(f"## ⚠️ LOSSLESSNESS: {len(div)} output(s) differ from plain decoding\n")
+        L.append("| question | method | repeat | turn | first differing token | target top-2 logit gap "
+                 "| near-tie |")
+        L.append("|---|---|---|---|---|---|---|")
+        for d in div:
+            turn = d["turn"] + 1 if isinstance(d.get("turn"), int) else "-"
+            L.append(f"| {d['dataset']}/{d['question_id']} | {d['method']} | {d['repeat']} | {turn} | "
+                     f"{d.get('index', '-')} | {_f(d.get('top2_gap'), '.4f')} | "
+                     f"{'yes (bf16 near-tie)' if d.get('near_tie') else '**NO**'} |")
+        L.append("")
+    else:
+        L.append("All checked greedy outputs are identical to plain decoding, token for token.\n")
+    overall = summary["groups"].get(OVERALL, {})
+    L.append("## Overall\n")
+    L.append("| method | speedup | spread over repeats (sd, min-max) | median per-question ratio | tok/s "
+             "| τ | acceptance | mean draft | questions | lossless |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|")
+    for m, s in overall.items():
+        spread = "-" if s["speedup"] is None or len(s["speedup_per_repeat"]) < 2 else (
+            f"±{s['speedup_std']:.2f} ({s['speedup_min']:.2f}-{s['speedup_max']:.2f})")
+        lossless = "baseline" if m == "ar" else f"{s['lossless_identical']}/{s['lossless_checked']}"
+        L.append(f"| {m} | {_f(s['speedup'])}x | {spread} | {_f(s['median_ratio'])}x | "
+                 f"{_f(s['tokens_per_s'])} | {_f(s['tau'])} | {_f(s['acceptance_rate'], '.1%')} | "
+                 f"{_f(s['mean_draft_length'])} | {s['questions']} | {lossless} |")
+    L.append("")
+    others = [g for g in summary["groups"] if g != OVERALL]
+    if others:
+        L.append("## Speedup per dataset and category (τ in brackets)\n")
+        heads = [g.replace("category:", "").replace("dataset:", "set ") for g in others]
+        L.append("| method | " + " | ".join(heads) + " |")
+        L.append("|---|" + "---|" * len(others))
+        for m in summary["methods"]:
+            cells = []
+            for g in others:
+                s = summary["groups"][g].get(m)
+                cells.append("-" if not s else f"{_f(s['speedup'])}x ({_f(s['tau'])})")
+            L.append(f"| {m} | " + " | ".join(cells) + " |")
+        L.append("")
+    if summary["draft_length_summary"]:
+        L.append("## Draft lengths per round (all rounds pooled; the oracle's: the best length per round)\n")
+        L.append("| method | rounds | mean | median | p10 | p90 | share 0 | share ≥16 |")
+        L.append("|---|---|---|---|---|---|---|---|")
+        for m, d in summary["draft_length_summary"].items():
+            if not d.get("rounds"):
+                continue
+            L.append(f"| {m} | {d['rounds']} | {d['mean']:.2f} | {d['median']:.1f} | {d['p10']:.1f} | "
+                     f"{d['p90']:.1f} | {d['share_0']:.1%} | {d['share_ge_16']:.1%} |")
+        L.append("")
+    L.append("## Plots\n")
+    for p in PLOTS:
+        L.append(f"![{p}]({p})")
+    L.append("\nDefinitions: see `docs/bench/README.md` (speedup = mean tok/s of a method over that of `ar` "
+             "on the same questions, as in Spec-Bench; τ = tokens per target call, bonus token included).")
+    return "\n".join(L) + "\n"
+
+
+def write_report(out: Path, records: list[dict], methods: list[str], meta: dict) -> dict:
+    """Write ``summary.json``, ``report.md`` and the plots into ``out``; returns the summary."""
+    summary = summarize(records, [m for m in methods if any(r["method"] == m for r in records)])
+    summary["meta"] = meta
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(out / "report.md", markdown(summary, meta))
+    hists = draft_length_histograms(records)
+    plot_speedup(summary, out / PLOTS[0])
+    plot_oracle(hists, out / PLOTS[1])
+    plot_vs_oracle(hists, out / PLOTS[2])
+    return summary

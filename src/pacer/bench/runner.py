@@ -1,0 +1,220 @@
+"""The benchmark loop: warm-up, interleaved methods per question, one durable record per finished run, resume.
+
+Order: for each repeat, for each question, ``ar`` runs first (it is the baseline and gives the token ids the
+oracle drafts against and every other method is compared with), then the other methods in an order rotated by
+one position per question (and per repeat), so slow drift of the machine hits every method alike. Each method
+runs all turns of a question in a row (the second turn sees that method's own first answer).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import PacerError
+from . import records as rec_io
+from .data import Question
+from .hf import hf_assisted_generate
+from .methods import HF_ASSISTED, MethodSpec
+
+
+@dataclass
+class TurnOut:
+    token_ids: list[int]
+    text: str
+    wall_time: float
+    accept_lengths: list[int]  # tokens per target call (accepted draft tokens + 1), Spec-Bench's convention
+    draft_lengths: list[int]
+    target_calls: int
+    draft_forwards: int
+    finish_reason: str
+    prompt_ids: list[int] = field(default_factory=list)
+
+
+def run_turn(dec, spec: MethodSpec, ids: list[int], max_new_tokens: int,
+             reference: list[int] | None = None) -> TurnOut:
+    """One generation of ``spec`` from prompt ids ``ids`` (greedy). ``reference`` feeds the oracle."""
+    if spec.name == HF_ASSISTED:
+        r = hf_assisted_generate(dec, ids, max_new_tokens, spec.opts)
+        return TurnOut(r.token_ids, dec.decode(r.token_ids), r.wall_time, [n + 1 for n in r.accept_lengths],
+                       r.draft_lengths, r.target_calls, r.draft_forwards, r.finish_reason, list(ids))
+    kwargs = spec.generate_kwargs()
+    if spec.is_oracle and reference is not None:
+        kwargs["reference"] = reference
+    res = dec.generate(ids, spec.name, max_new_tokens, **kwargs)
+    st = res.stats
+    return TurnOut(list(res.token_ids), res.text, st.wall_time, [n + 1 for n in st.accept_lengths],
+                   list(st.draft_lengths), st.target_calls, st.draft_forwards, st.finish_reason, list(ids))
+
+
+def run_question(dec, spec: MethodSpec, q: Question, max_new_tokens: int,
+                 references: list[list[int]] | None = None) -> list[TurnOut]:
+    """All turns of ``q``; the history of turn ``t`` holds this method's own earlier answers."""
+    history: list[dict] = []
+    outs: list[TurnOut] = []
+    for t, prompt in enumerate(q.turns):
+        ids = dec.encode(prompt, chat=q.chat, history=history)
+        ref = None
+        # the reference is ar's answer to the same conversation only while this method's answers equal ar's
+        if references is not None and t < len(references) and all(
+                o.token_ids == references[i] for i, o in enumerate(outs)):
+            ref = references[t]
+        outs.append(run_turn(dec, spec, ids, max_new_tokens, ref))
+        history += [{"role": "user", "content": prompt}, {"role": "assistant", "content": outs[-1].text}]
+    return outs
+
+
+def check_lossless(dec, outs: list[TurnOut], ar_ids: list[list[int]]) -> tuple[bool, dict | None]:
+    """Compare with ``ar``'s token ids turn by turn; at the first differing turn, locate the first differing
+    token and the target's top-2 logit gap there (plain scoring of the same prefix)."""
+    from ..decoding import first_divergence
+
+    for t, (o, ref) in enumerate(zip(outs, ar_ids, strict=False)):
+        if o.token_ids == ref:
+            continue
+        dv = first_divergence(dec.target.model, o.prompt_ids, ref, o.token_ids)
+        if dv is None:  # cannot happen (ids differ); keep the record honest anyway
+            continue
+        gap = None if math.isnan(dv.top2_gap) else round(dv.top2_gap, 5)
+        return False, {"turn": t, "index": dv.index, "ar_token": dv.a, "token": dv.b, "top2_gap": gap,
+                       "near_tie": bool(gap is not None and dv.near_tie),
+                       "ar_tokens": len(ref), "tokens": len(o.token_ids)}
+    return True, None
+
+
+def make_record(q: Question, spec: MethodSpec, repeat: int, outs: list[TurnOut]) -> dict:
+    """One answer in Spec-Bench's shape (``choices[0]`` holds per-turn lists) plus our extra fields."""
+    return {
+        "question_id": q.question_id,
+        "category": q.category,
+        "dataset": q.dataset,
+        "answer_id": f"{spec.label}/{q.key}/{repeat}",
+        "model_id": spec.label,
+        "method": spec.label,
+        "repeat": repeat,
+        "tstamp": time.time(),
+        "choices": [{
+            "index": 0,
+            "turns": [o.text for o in outs],
+            "decoding_steps": [o.target_calls for o in outs],
+            "new_tokens": [len(o.token_ids) for o in outs],
+            "wall_time": [round(o.wall_time, 6) for o in outs],
+            "accept_lengths": [o.accept_lengths for o in outs],
+            "draft_lengths": [o.draft_lengths for o in outs],
+            "target_calls": [o.target_calls for o in outs],
+            "draft_forwards": [o.draft_forwards for o in outs],
+            "finish_reason": [o.finish_reason for o in outs],
+            "token_ids": [o.token_ids for o in outs],
+        }],
+        "lossless": None,
+        "divergence": None,
+    }
+
+
+def rotated(others: list[MethodSpec], shift: int) -> list[MethodSpec]:
+    if not others:
+        return []
+    k = shift % len(others)
+    return others[k:] + others[:k]
+
+
+def warm_up(dec, specs: list[MethodSpec], q: Question, max_new_tokens: int, skip_failing: bool,
+            log=print) -> list[MethodSpec]:
+    """One short untimed generation per method (loads lazy parts, fills caches); a failing method is an error,
+    or is dropped with a warning under ``skip_failing``."""
+    keep = []
+    for spec in specs:
+        try:
+            run_question(dec, spec, Question(q.dataset, q.question_id, q.category, q.turns[:1], q.chat),
+                         min(8, max_new_tokens))
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure of a colleague's method must become one clear line
+            first = str(e).splitlines()[0] if str(e) else ""
+            msg = f"method '{spec.label}' failed in the warm-up: {type(e).__name__}: {first}"
+            if skip_failing and not spec.is_ar:
+                log(f"pacer bench: warning: {msg}; dropped (--skip-failing)")
+                continue
+            hint = "" if spec.is_ar else "; drop it from --methods or pass --skip-failing"
+            raise PacerError(msg + hint) from e
+        keep.append(spec)
+    return keep
+
+
+class Bench:
+    """Runs ``specs`` on ``questions`` into ``out/answers.jsonl`` (see the module docstring)."""
+
+    def __init__(self, dec, specs: list[MethodSpec], questions: list[Question], out: Path,
+                 max_new_tokens: int, repeats: int = 1, progress: bool = True) -> None:
+        self.dec = dec
+        self.specs = specs
+        self.questions = questions
+        self.out = out
+        self.path = out / "answers.jsonl"
+        self.max_new_tokens = max_new_tokens
+        self.repeats = repeats
+        self.progress = progress
+        self.records = rec_io.repair(self.path)
+        self.done = {rec_io.record_key(r): r for r in self.records}
+        self.flagged = 0
+
+    def key(self, q: Question, spec: MethodSpec, repeat: int) -> tuple[str, str, str, int]:
+        return (q.dataset, q.question_id, spec.label, repeat)
+
+    def units(self) -> tuple[int, int]:
+        total = self.repeats * len(self.questions) * len(self.specs)
+        finished = sum(1 for r in range(self.repeats) for q in self.questions for s in self.specs
+                       if self.key(q, s, r) in self.done)
+        return total, finished
+
+    def _write(self, q: Question, spec: MethodSpec, repeat: int, outs: list[TurnOut], ar: dict | None,
+               say) -> dict:
+        rec = make_record(q, spec, repeat, outs)
+        if ar is not None and not spec.is_ar:
+            ok, div = check_lossless(self.dec, outs, ar["choices"][0]["token_ids"])
+            rec["lossless"], rec["divergence"] = ok, div
+            if not ok:
+                self.flagged += 1
+                gap = "n/a (one output is a prefix of the other)" if div["top2_gap"] is None else (
+                    f"{div['top2_gap']:.4f}, " + ("a bf16 near-tie" if div["near_tie"] else "NOT a near-tie"))
+                say(f"pacer bench: LOSSLESSNESS WARNING: {spec.label} differs from ar on {q.key} turn "
+                    f"{div['turn'] + 1} at token {div['index']} (target top-2 logit gap {gap})")
+        rec_io.append(self.path, rec)
+        self.done[rec_io.record_key(rec)] = rec
+        self.records.append(rec)
+        return rec
+
+    def run(self) -> None:
+        from tqdm import tqdm
+
+        total, finished = self.units()
+        bar = tqdm(total=total, initial=finished, file=sys.stderr, disable=not self.progress, unit="run",
+                   dynamic_ncols=True, desc="bench")
+        say = bar.write if self.progress else (lambda s: print(s, file=sys.stderr))
+        ar_spec, others = self.specs[0], self.specs[1:]
+        try:
+            for repeat in range(self.repeats):
+                for qi, q in enumerate(self.questions):
+                    ar = self.done.get(self.key(q, ar_spec, repeat))
+                    order = [ar_spec, *rotated(others, qi + repeat)]
+                    for spec in order:
+                        if self.key(q, spec, repeat) in self.done:
+                            continue
+                        bar.set_postfix_str(f"{q.key} {spec.label}"[:60])
+                        refs = ar["choices"][0]["token_ids"] if ar is not None else None
+                        try:
+                            outs = run_question(self.dec, spec, q, self.max_new_tokens, refs)
+                        except (KeyboardInterrupt, PacerError):
+                            raise
+                        except Exception as e:  # noqa: BLE001
+                            raise PacerError(f"method '{spec.label}' failed on {q.key} (repeat {repeat}): "
+                                             f"{type(e).__name__}: {e}") from e
+                        rec = self._write(q, spec, repeat, outs, ar, say)
+                        if spec.is_ar:
+                            ar = rec
+                        bar.update(1)
+        finally:
+            bar.close()

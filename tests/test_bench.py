@@ -1,0 +1,354 @@
+"""pacer bench: metric arithmetic, question/answer files, resume, the losslessness flag, plots, --quick end
+to end. Tiny models only; seconds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pacer.bench import data, metrics
+from pacer.bench import records as rec_io
+from pacer.bench.methods import parse_methods
+from pacer.bench.report import PLOTS, write_report
+from pacer.bench.runner import Bench, TurnOut, run_question
+from pacer.cli import main
+from pacer.errors import PacerError
+
+
+def rec(method: str, qid: str, new_tokens, wall, accept=None, draft=None, category: str = "c1",
+        dataset: str = "ds", repeat: int = 0, lossless=None) -> dict:
+    """A hand-made answer record (one entry per turn in ``new_tokens`` / ``wall``)."""
+    accept = accept if accept is not None else [[1] * n for n in new_tokens]
+    draft = draft if draft is not None else [[0] * len(a) for a in accept]
+    return {"dataset": dataset, "question_id": qid, "category": category, "method": method, "repeat": repeat,
+            "lossless": lossless, "divergence": None,
+            "choices": [{"index": 0, "new_tokens": list(new_tokens), "wall_time": list(wall),
+                         "accept_lengths": accept, "draft_lengths": draft,
+                         "token_ids": [[0] * n for n in new_tokens]}]}
+
+
+# ------------------------------------------------------------------------------------------------ metrics
+def test_speedup_is_ratio_of_mean_tokens_per_s_and_median_of_ratios():
+    recs = [
+        rec("ar", "q1", [10], [1.0]), rec("ar", "q2", [10], [2.0]),            # 10 and 5 tok/s -> mean 7.5
+        rec("sd", "q1", [10], [0.5], accept=[[3, 3, 4]], draft=[[4, 4, 4]], lossless=True),   # 20 tok/s
+        rec("sd", "q2", [10], [0.5], accept=[[5, 5]], draft=[[4, 4]], lossless=True),         # 20 tok/s
+    ]
+    s = metrics.method_stats(recs, "sd")
+    assert s["tokens_per_s"] == pytest.approx(20.0)
+    assert s["speedup"] == pytest.approx(20.0 / 7.5)
+    assert s["median_ratio"] == pytest.approx((2.0 + 4.0) / 2)
+    # tau: tokens per target call pooled over rounds = (3+3+4+5+5) / 5; acceptance = (20-5) / 20
+    assert s["tau"] == pytest.approx(4.0)
+    assert s["acceptance_rate"] == pytest.approx(15 / 20)
+    assert s["mean_draft_length"] == pytest.approx(4.0)
+    assert (s["lossless_identical"], s["lossless_checked"]) == (2, 2)
+    base = metrics.method_stats(recs, "ar")
+    assert base["speedup"] == pytest.approx(1.0) and base["tau"] == pytest.approx(1.0)
+    assert base["acceptance_rate"] is None
+
+
+def test_multi_turn_record_sums_turns_and_speedup_pairs_questions():
+    r = rec("sd", "q1", [10, 30], [1.0, 1.0])
+    assert metrics.record_tokens_per_s(r) == pytest.approx(20.0)
+    # a question only one method finished is left out of the speedup (paired), but counts for tokens/s
+    recs = [rec("ar", "q1", [10], [1.0]), rec("sd", "q1", [20], [1.0]), rec("sd", "q2", [5], [1.0])]
+    s = metrics.method_stats(recs, "sd")
+    assert s["paired"] == 1 and s["speedup"] == pytest.approx(2.0)
+
+
+def test_repeats_give_spread():
+    recs = []
+    for r, wall in enumerate([1.0, 0.5]):
+        recs += [rec("ar", "q1", [10], [1.0], repeat=r), rec("sd", "q1", [10], [wall], repeat=r)]
+    s = metrics.method_stats(recs, "sd")
+    assert s["speedup_per_repeat"] == pytest.approx([1.0, 2.0])
+    assert s["speedup"] == pytest.approx(1.5)
+    assert (s["speedup_min"], s["speedup_max"]) == pytest.approx((1.0, 2.0))
+    assert s["speedup_std"] > 0
+
+
+def test_per_category_and_dataset_aggregation():
+    recs = [
+        rec("ar", "a", [10], [1.0], category="code", dataset="he"),
+        rec("sd", "a", [10], [0.25], category="code", dataset="he"),
+        rec("ar", "b", [10], [1.0], category="math", dataset="g"),
+        rec("sd", "b", [10], [1.0], category="math", dataset="g"),
+    ]
+    s = metrics.summarize(recs, ["ar", "sd"])
+    assert list(s["groups"]) == ["overall", "dataset:he", "dataset:g", "category:code", "category:math"]
+    assert s["groups"]["category:code"]["sd"]["speedup"] == pytest.approx(4.0)
+    assert s["groups"]["category:math"]["sd"]["speedup"] == pytest.approx(1.0)
+    assert s["groups"]["overall"]["sd"]["speedup"] == pytest.approx((40 + 10) / 2 / 10)
+    assert s["groups"]["overall"]["sd"]["median_ratio"] == pytest.approx(2.5)
+
+
+def test_draft_length_histograms_and_divergence_listing():
+    recs = [rec("ar", "q", [3], [1.0]),
+            rec("oracle", "q", [3], [1.0], accept=[[3, 1]], draft=[[2, 0]]),
+            rec("sd", "q", [3], [1.0], accept=[[2, 2]], draft=[[4, 4]], lossless=False)]
+    recs[2]["divergence"] = {"turn": 0, "index": 1, "top2_gap": 0.01, "near_tie": True}
+    h = metrics.draft_length_histograms(recs)
+    assert h == {"oracle": {0: 1, 2: 1}, "sd": {4: 2}}
+    d = metrics.divergences(recs)
+    assert len(d) == 1 and d[0]["method"] == "sd" and d[0]["near_tie"] is True
+
+
+# ------------------------------------------------------------------------------------------ method specs
+def test_parse_methods():
+    specs = parse_methods("sd:gamma=2..4,confidence:threshold=0.4,hf-assisted:schedule=heuristic")
+    assert [s.label for s in specs] == ["ar", "sd:gamma=2", "sd:gamma=3", "sd:gamma=4",
+                                        "confidence:threshold=0.4", "hf-assisted:schedule=heuristic"]
+    assert specs[1].generate_kwargs() == {"gamma": 2}
+    assert specs[4].generate_kwargs() == {"policy_opts": {"threshold": 0.4}}
+    assert parse_methods("heuristic:min=2:max=8")[1].generate_kwargs() == {"min_draft": 2, "max_draft": 8}
+    for bad, words in [("nope", "unknown method 'nope'"), ("sd:gamma", "not key=value"),
+                       ("sd:threshold=0.3", "sd takes gamma"), ("hf-assisted:foo=1", "hf-assisted takes"),
+                       ("sd:gamma=0", "gamma must be"), ("ar,ar", "listed twice"), ("", "empty")]:
+        with pytest.raises(PacerError, match=words):
+            parse_methods(bad)
+
+
+def test_unknown_method_is_one_clear_line(tmp_path, capsys):
+    assert main(["bench", "--quick", "--methods", "ar,warp-drive", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("pacer: error: unknown method 'warp-drive'")
+    assert not (tmp_path / "o").exists()
+
+
+# --------------------------------------------------------------------------------------------- questions
+def test_question_file_and_bad_lines(tmp_path):
+    good = tmp_path / "q.jsonl"
+    good.write_text(json.dumps({"question_id": 1, "category": "writing", "turns": ["a", "b"]}) + "\n\n"
+                    + json.dumps({"question_id": 2, "category": "math", "turns": ["c"]}) + "\n")
+    qs = data.load_question_file(good)
+    assert [q.key for q in qs] == ["q/1", "q/2"] and qs[0].turns == ("a", "b") and qs[0].chat
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["a"]}) + "\n{oops\n")
+    with pytest.raises(PacerError, match=r"bad\.jsonl:2: not valid JSON"):
+        data.load_question_file(bad)
+    for i, line in enumerate([{"category": "x", "turns": ["a"]}, {"question_id": 1, "turns": "a"},
+                              {"question_id": 1, "turns": ["a", "b"], "chat": False}, [1, 2]]):
+        p = tmp_path / f"b{i}.jsonl"
+        p.write_text(json.dumps(line) + "\n")
+        with pytest.raises(PacerError, match=rf"b{i}\.jsonl:1: "):
+            data.load_question_file(p)
+
+
+def test_bad_question_file_writes_nothing(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question_id": 1, "turns": ["hi"]}\nnot json\n')
+    out = tmp_path / "out"
+    assert main(["bench", "--quick", "--questions", str(bad), "--out", str(out)]) == 2
+    assert f"{bad}:2: not valid JSON" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_selection_is_deterministic_and_stratified():
+    qs = [data.Question("d", str(i), cat, ("x",)) for i, cat in enumerate("aaabbbccc")]
+    assert [q.question_id for q in data.select(qs, 4)] == ["0", "3", "6", "1"]
+    assert [q.question_id for q in data.select(qs, 2, "first")] == ["0", "1"]
+    r1, r2 = data.select(qs, 3, "random", 7), data.select(qs, 3, "random", 7)
+    assert r1 == r2 and [int(q.question_id) for q in r1] == sorted(int(q.question_id) for q in r1)
+
+
+@pytest.mark.parametrize("name", ["humaneval", "gsm8k", "mtbench"])
+def test_packaged_datasets_load(name):
+    try:
+        qs = data.load_dataset(name)
+    except PacerError as e:
+        pytest.skip(str(e))
+    assert len(qs) >= 80
+    picked = data.select(qs, 8)
+    if name == "mtbench":
+        assert len({q.category for q in picked}) == 8 and all(len(q.turns) == 2 for q in picked)
+    else:
+        assert picked == qs[:8]
+    assert all(q.chat for q in qs) == (name != "humaneval")
+
+
+# ------------------------------------------------------------------------------------------ answers file
+def test_answers_reader_skips_torn_last_line_and_rejects_damage(tmp_path):
+    p = tmp_path / "answers.jsonl"
+    a, b = rec("ar", "q1", [1], [1.0]), rec("sd", "q1", [1], [1.0])
+    rec_io.append(p, a)
+    rec_io.append(p, b)
+    with open(p, "a") as f:
+        f.write(json.dumps(a)[:25])  # a kill in the middle of a write
+    got, torn = rec_io.read_answers(p)
+    assert torn and [r["method"] for r in got] == ["ar", "sd"]
+    assert [r["method"] for r in rec_io.repair(p)] == ["ar", "sd"]
+    assert p.read_text().endswith("\n") and rec_io.read_answers(p) == (got, False)
+    p.write_text(json.dumps(a) + "\n{damaged\n" + json.dumps(b) + "\n")
+    with pytest.raises(PacerError, match=r"answers\.jsonl:2: damaged"):
+        rec_io.read_answers(p)
+
+
+# ------------------------------------------------------------------------------ runs on the tiny pair
+QUESTIONS = [data.Question("t", "1", "code", ("def f(x):\n",), chat=False),
+             data.Question("t", "2", "chat", ("Say hi.", "Again."))]
+
+
+def test_resume_after_interruption(close, tmp_path, monkeypatch):
+    specs = parse_methods("ar,sd:gamma=3,oracle,hf-assisted")
+    bench = Bench(close, specs, QUESTIONS, tmp_path, 12, progress=False)
+    import pacer.bench.runner as runner
+
+    real, calls = runner.run_question, []
+
+    def interrupted(dec, spec, q, m, refs=None):
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        calls.append((q.key, spec.label))
+        return real(dec, spec, q, m, refs)
+
+    monkeypatch.setattr(runner, "run_question", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        bench.run()
+    with open(tmp_path / "answers.jsonl", "a") as f:
+        f.write('{"question_id": "torn')  # and a torn line, as a kill would leave
+    monkeypatch.setattr(runner, "run_question", real)
+    again = Bench(close, specs, QUESTIONS, tmp_path, 12, progress=False)
+    assert again.units() == (8, 5)
+    ran = []
+    monkeypatch.setattr(runner, "run_question", lambda dec, spec, q, m, refs=None: ran.append(spec.label)
+                        or real(dec, spec, q, m, refs))
+    again.run()
+    assert len(ran) == 3
+    recs, torn = rec_io.read_answers(tmp_path / "answers.jsonl")
+    assert not torn and len(recs) == 8
+    assert len({rec_io.record_key(r) for r in recs}) == 8
+    # second question's order is rotated: ar first, then the others shifted by one
+    order = [r["method"] for r in recs if r["question_id"] == "2"]
+    assert order[0] == "ar" and order[1:] == ["oracle", "hf-assisted", "sd:gamma=3"]
+    assert all(r["lossless"] is True for r in recs if r["method"] != "ar")
+    two_turn = next(r for r in recs if r["question_id"] == "2" and r["method"] == "sd:gamma=3")
+    assert len(two_turn["choices"][0]["new_tokens"]) == 2
+
+
+def test_losslessness_flag_fires_on_planted_difference(close, tmp_path, monkeypatch, capsys):
+    import pacer.bench.runner as runner
+
+    real = runner.run_turn
+
+    def planted(dec, spec, ids, m, reference=None):
+        out = real(dec, spec, ids, m, reference)
+        if spec.label == "sd:gamma=3":
+            out.token_ids = out.token_ids[:4] + [(out.token_ids[4] + 1) % 256] + out.token_ids[5:]
+        return out
+
+    monkeypatch.setattr(runner, "run_turn", planted)
+    specs = parse_methods("ar,sd:gamma=3,heuristic")
+    bench = Bench(close, specs, QUESTIONS[:1], tmp_path, 12, progress=False)
+    bench.run()
+    assert bench.flagged == 1
+    err = capsys.readouterr().err
+    assert "LOSSLESSNESS WARNING: sd:gamma=3 differs from ar on t/1 turn 1 at token 4" in err
+    recs, _ = rec_io.read_answers(tmp_path / "answers.jsonl")
+    bad = next(r for r in recs if r["method"] == "sd:gamma=3")
+    assert bad["lossless"] is False and bad["divergence"]["index"] == 4
+    # the planted token is not the target's choice: a clear gap, not a near-tie
+    assert bad["divergence"]["top2_gap"] > 0.25 and bad["divergence"]["near_tie"] is False
+    assert next(r for r in recs if r["method"] == "heuristic")["lossless"] is True
+    summary = write_report(tmp_path, recs, ["ar", "sd:gamma=3", "heuristic"], {"command": "x"})
+    assert len(summary["divergences"]) == 1
+    report = (tmp_path / "report.md").read_text()
+    assert "LOSSLESSNESS: 1 output(s) differ" in report and "**NO**" in report
+
+
+def test_oracle_gets_ar_reference_and_second_turn_sees_own_answer(close):
+    spec = parse_methods("ar,oracle")
+    ar = run_question(close, spec[0], QUESTIONS[1], 10)
+    orc = run_question(close, spec[1], QUESTIONS[1], 10, [o.token_ids for o in ar])
+    assert [o.token_ids for o in orc] == [o.token_ids for o in ar]
+    assert len(orc[1].prompt_ids) > len(orc[0].prompt_ids) + len(orc[0].token_ids)  # history holds turn 1
+    assert all(isinstance(o, TurnOut) and o.accept_lengths for o in orc)
+
+
+def test_plots_written_and_non_empty(tmp_path):
+    recs = [rec("ar", "q", [3], [1.0]),
+            rec("oracle", "q", [3], [0.5], accept=[[3, 1]], draft=[[2, 0]], lossless=True),
+            rec("heuristic", "q", [3], [0.6], accept=[[2, 2]], draft=[[4, 3]], lossless=True)]
+    write_report(tmp_path, recs, ["ar", "oracle", "heuristic"], {"command": "pacer bench ..."})
+    for name in (*PLOTS, "report.md", "summary.json"):
+        p = tmp_path / name
+        assert p.stat().st_size > 500 if name.endswith(".png") else p.stat().st_size > 0
+    assert (tmp_path / PLOTS[0]).read_bytes()[:4] == b"\x89PNG"
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["groups"]["overall"]["heuristic"]["speedup"] == pytest.approx(5 / 3)
+
+
+# ------------------------------------------------------------------------------------------ end to end
+def test_quick_end_to_end_and_resume(tmp_path, capsys):
+    out = tmp_path / "bench"
+    argv = ["bench", "--quick", "--n", "3", "--max-new-tokens", "8", "--no-progress", "--out", str(out),
+            "--methods", "ar,sd:gamma=2,heuristic,oracle,hf-assisted,hf-assisted:schedule=heuristic"]
+    assert main(argv) == 0
+    stdout = capsys.readouterr().out
+    assert "hf-assisted:schedule=heuristic" in stdout and "report:" in stdout
+    recs, _ = rec_io.read_answers(out / "answers.jsonl")
+    assert len(recs) == 3 * 6
+    hf = next(r for r in recs if r["method"] == "hf-assisted")["choices"][0]
+    assert hf["target_calls"][0] == len(hf["accept_lengths"][0]) > 0  # hook count == rounds seen
+    assert all(r["lossless"] for r in recs if r["method"] != "ar")
+    report = (out / "report.md").read_text()
+    assert "git commit:" in report and "pacer bench --methods" in report and "| oracle |" in report
+    for p in PLOTS:
+        assert (out / p).stat().st_size > 500
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["groups"]["overall"]["ar"]["speedup"] == pytest.approx(1.0)
+    # the folder is refused without --resume; with it, nothing is rerun
+    assert main(argv) == 2
+    assert "pass --resume" in capsys.readouterr().err
+    assert main([*argv, "--resume"]) == 0
+    assert len(rec_io.read_answers(out / "answers.jsonl")[0]) == 3 * 6
+    # a changed pinned setting is refused on resume
+    argv2 = [a if a != "8" else "9" for a in argv]
+    assert main([*argv2, "--resume"]) == 2
+    assert "max_new_tokens=8" in capsys.readouterr().err
+    assert main(["bench", "--report-only", "--out", str(out)]) == 0
+
+
+def test_failing_method_in_warmup(tmp_path, capsys, monkeypatch):
+    from pacer.api import Decoder
+
+    def boom(self, *a, **k):
+        raise RuntimeError("no checkpoint yet")
+
+    monkeypatch.setattr(Decoder, "make_policy", boom)
+    out = tmp_path / "o"
+    assert main(["bench", "--quick", "--n", "1", "--max-new-tokens", "4", "--no-progress", "--methods",
+                 "ar,heuristic", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "method 'heuristic' failed in the warm-up: RuntimeError: no checkpoint yet" in err
+    assert main(["bench", "--quick", "--n", "1", "--max-new-tokens", "4", "--no-progress", "--methods",
+                 "ar,heuristic", "--skip-failing", "--out", str(out)]) == 0
+    assert {r["method"] for r in rec_io.read_answers(out / "answers.jsonl")[0]} == {"ar"}
+
+
+def test_questions_file_end_to_end(tmp_path):
+    q = tmp_path / "spec.jsonl"
+    rows = [(1, "qa", ["What is 2+2?"]), (2, "translation", ["Translate hi", "And bye?"])]
+    q.write_text("".join(json.dumps({"question_id": i, "category": c, "turns": t}) + "\n"
+                         for i, c, t in rows))
+    out = tmp_path / "o"
+    assert main(["bench", "--quick", "--questions", str(q), "--max-new-tokens", "6", "--no-progress",
+                 "--methods", "ar,sd:gamma=2", "--out", str(out)]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert {"category:qa", "category:translation"} <= set(s["groups"])
+    assert Path(out / "run.json").exists()
+
+
+def test_second_run_on_a_busy_folder_is_refused(tmp_path, capsys):
+    from pacer.bench import _lock
+
+    out = tmp_path / "o"
+    out.mkdir()
+    held = _lock(out)
+    try:
+        assert main(["bench", "--quick", "--n", "1", "--no-progress", "--out", str(out)]) == 2
+        assert "another pacer bench is running" in capsys.readouterr().err
+    finally:
+        held.close()
