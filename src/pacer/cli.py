@@ -78,21 +78,40 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 class TextStreamer:
-    """Prints text as tokens are committed, holding back incomplete UTF-8 sequences."""
+    """Prints text as tokens are committed, holding back incomplete UTF-8 sequences and anything that may begin a
+    stop string; :meth:`finish` prints the rest, so the printed text equals the result's ``text``."""
 
-    def __init__(self, tokenizer, stream=sys.stdout) -> None:
+    def __init__(self, tokenizer, stop: Sequence[str] = (), stream=None) -> None:
         self.tok = tokenizer
+        self.stop = [s for s in stop if s]
         self.ids: list[int] = []
         self.printed = 0
-        self.stream = stream
+        self.stream = stream  # None: sys.stdout at write time (so redirections made later are honoured)
+
+    def _write(self, text: str) -> None:
+        out = self.stream or sys.stdout
+        out.write(text)
+        out.flush()
 
     def __call__(self, new: list[int]) -> None:
         self.ids += new
         text = self.tok.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            return
-        self.stream.write(text[self.printed :])
-        self.stream.flush()
+        end = len(text)
+        for s in self.stop:
+            if s in text:
+                end = min(end, text.index(s))
+            else:  # hold back a suffix that may grow into this stop string
+                end = min(end, next((len(text) - j for j in range(len(s) - 1, 0, -1) if text.endswith(s[:j])),
+                                    len(text)))
+        while end > self.printed and text[end - 1] == "\ufffd":  # an incomplete UTF-8 sequence so far
+            end -= 1
+        if end > self.printed:
+            self._write(text[self.printed : end])
+            self.printed = end
+
+    def finish(self, text: str) -> None:
+        """Print what is still held back of the final ``text``."""
+        self._write(text[self.printed :])
         self.printed = len(text)
 
 
@@ -106,7 +125,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise PacerError("the prompt is empty; pass some text (or '-' to read standard input)")
     dec = Decoder.from_pretrained(args.target, None if args.method == "ar" else args.draft, args.dtype, args.threads)
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
-    streamer = None if args.json else TextStreamer(dec.tokenizer)
+    streamer = None if args.json else TextStreamer(dec.tokenizer, args.stop)
     res = dec.generate(
         prompt, args.method, args.max_new_tokens, sampling, args.gamma, args.min_draft, args.max_draft,
         stop=args.stop, chat=args.chat, on_tokens=streamer, policy_opts=policy_opts(args),
@@ -115,6 +134,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(res.to_dict()))
     else:
+        streamer.finish(res.text)
         print()
         print(res.stats.summary(), file=sys.stderr)
     return 0
@@ -187,7 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
             module = __import__(f"pacer.{mod}", fromlist=["register"])
         except ImportError:
             continue
-        module.register(sub, add_model_args, add_decoding_args)
+        if hasattr(module, "register"):
+            module.register(sub, add_model_args, add_decoding_args)
     return ap
 
 

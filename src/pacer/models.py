@@ -13,6 +13,7 @@ so an interrupted run never leaves a half file that a later run would load.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -177,14 +178,35 @@ class LoadedModel:
         return int(self.model.get_output_embeddings().weight.shape[0])
 
 
+def _first_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
+@contextlib.contextmanager
+def _no_progress_bars():
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
 def _convert_gguf(gguf: Path, out_dir: Path, dtype: torch.dtype) -> None:
     """Dequantize a GGUF once and save it (and its tokenizer) as a safetensors folder, atomically."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=dtype, quantization_config=GgufConfig(dequantize=True)
-    )
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=dtype, quantization_config=GgufConfig(dequantize=True)
+        )
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise PacerError(f"cannot load the GGUF file {gguf}: {_first_line(e)}") from e
     # transformers refuses to save a model that still carries its quantizer.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -207,10 +229,11 @@ def _load_folder(path: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, objec
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(str(path))
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-    except (OSError, ValueError) as e:
-        raise PacerError(f"cannot load a model from {path}: {str(e).splitlines()[0]}") from e
+        with _no_progress_bars():  # loading a safetensors folder takes seconds; keep stderr for messages
+            tok = AutoTokenizer.from_pretrained(str(path))
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise PacerError(f"cannot load a model from {path}: {_first_line(e)}") from e
     model.eval()
     return model, tok
 

@@ -1,0 +1,235 @@
+"""The command line, in process (``pacer.cli.main``) on a tiny pair saved to disk."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from pacer import models
+from pacer.cli import main
+from pacer.models import GgufSpec
+from pacer.tiny import save_tiny_pair, tiny_tokenizer
+
+PROMPT = "hello world, this is"
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    target, draft = save_tiny_pair(root)
+    other = root / "draft-other-tokenizer"
+    shutil.copytree(draft, other)
+    tiny_tokenizer(variant=1).save_pretrained(other)
+    return {"target": str(target), "draft": str(draft), "other": str(other), "root": root}
+
+
+def run(capsys, pair, *args, target=None, draft=None, dtype="float32"):
+    argv = [
+        *args,
+        "--target",
+        target or pair["target"],
+        "--draft",
+        draft or pair["draft"],
+        "--dtype",
+        dtype,
+        "--threads",
+        "1",
+    ]
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def gen_json(capsys, pair, prompt=PROMPT, *args):
+    rc, out, err = run(capsys, pair, "generate", prompt, "--json", *args)
+    assert rc == 0, err
+    lines = out.strip().splitlines()
+    assert len(lines) == 1  # one JSON object, nothing else on stdout
+    return json.loads(lines[0])
+
+
+def test_generate_prints_text_and_stats(capsys, pair):
+    rc, out, err = run(capsys, pair, "generate", PROMPT, "--max-new-tokens", "24", "--gamma", "3")
+    assert rc == 0, err
+    ref = gen_json(capsys, pair, PROMPT, "--max-new-tokens", "24", "--gamma", "3")
+    # the streamed text is exactly the result's text (incomplete UTF-8 at the end included), then a newline
+    assert out == ref["text"] + "\n"
+    summary = [ln for ln in err.splitlines() if ln.startswith("[sd]")]
+    assert len(summary) == 1 and "24 tokens" in summary[0] and "tok/s" in summary[0] and "tau" in summary[0]
+
+
+def test_generate_json(capsys, pair):
+    res = gen_json(capsys, pair, PROMPT, "--max-new-tokens", "20", "--method", "heuristic")
+    assert set(res) >= {"text", "token_ids", "stats"}
+    st = res["stats"]
+    assert st["method"] == "heuristic" and st["new_tokens"] == len(res["token_ids"]) <= 20
+    assert st["tokens_per_s"] > 0 and st["target_calls"] >= 1 and st["prompt_tokens"] == len(PROMPT)
+    assert res["text"] == tiny_tokenizer().decode(res["token_ids"], skip_special_tokens=True)
+    # greedy speculative output equals plain decoding's
+    ar = gen_json(capsys, pair, PROMPT, "--max-new-tokens", "20", "--method", "ar")
+    assert ar["token_ids"] == res["token_ids"] and ar["stats"]["tau"] == 1.0
+
+
+def test_generate_reads_stdin(capsys, pair, monkeypatch):
+    ref = gen_json(capsys, pair, PROMPT, "--max-new-tokens", "8")
+    monkeypatch.setattr(sys, "stdin", io.StringIO(PROMPT))
+    assert gen_json(capsys, pair, "-", "--max-new-tokens", "8")["token_ids"] == ref["token_ids"]
+
+
+def test_generate_chat_sampling_and_stop(capsys, pair):
+    chat = gen_json(capsys, pair, PROMPT, "--chat", "--max-new-tokens", "8")
+    assert chat["stats"]["prompt_tokens"] > len(PROMPT)
+    s1 = gen_json(
+        capsys,
+        pair,
+        PROMPT,
+        "--temperature",
+        "0.9",
+        "--top-k",
+        "40",
+        "--top-p",
+        "0.95",
+        "--seed",
+        "3",
+        "--max-new-tokens",
+        "12",
+    )
+    s2 = gen_json(
+        capsys,
+        pair,
+        PROMPT,
+        "--temperature",
+        "0.9",
+        "--top-k",
+        "40",
+        "--top-p",
+        "0.95",
+        "--seed",
+        "3",
+        "--max-new-tokens",
+        "12",
+    )
+    assert s1["token_ids"] == s2["token_ids"]
+    # a stop string from the middle of the output: text ends before it, streamed text equals the JSON text
+    full = gen_json(capsys, pair, PROMPT, "--max-new-tokens", "30")["text"]
+    stop = next((full[i : i + 2] for i in range(4, len(full) - 2) if "\ufffd" not in full[i : i + 2]), None)
+    if stop is None:
+        pytest.skip("no clean two-character stop string in the output")
+    res = gen_json(capsys, pair, PROMPT, "--max-new-tokens", "30", "--stop", stop)
+    assert res["text"] == full[: full.index(stop)] and res["stats"]["finish_reason"] == "stop"
+    rc, out, err = run(capsys, pair, "generate", PROMPT, "--max-new-tokens", "30", "--stop", stop)
+    assert rc == 0 and out == res["text"] + "\n"
+
+
+def test_demo_on_tiny_pair(capsys, pair):
+    rc, out, err = run(capsys, pair, "demo", "--max-new-tokens", "6")
+    assert rc == 0, err
+    assert out.count("=> speedup") == 3 and out.count("identical to plain decoding") == 3
+    assert "outputs identical: 3/3" in out
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+def fake_default(tmp_path, monkeypatch, sha):
+    """Installs importable chunk packages and points 'default-target' at them, with ``sha`` as the hash."""
+    data = [b"GGUF" + bytes(100), bytes(range(256))]
+    for i, chunk in enumerate(data, 1):
+        d = tmp_path / "site" / f"fakepart{i}" / "data"
+        d.mkdir(parents=True)
+        (d.parent / "__init__.py").write_text("")
+        (d / f"part{i:02d}.bin").write_bytes(chunk)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    import importlib
+
+    importlib.invalidate_caches()
+    spec = GgufSpec("fake", ("fakepart1", "fakepart2"), "0.0.1", sha, "target")
+    monkeypatch.setitem(models.DEFAULT_NAMES, "default-target", spec)
+    monkeypatch.setenv("PACER_HOME", str(tmp_path / "home"))
+    return hashlib.sha256(b"".join(data)).hexdigest()
+
+
+BAD = {
+    "empty prompt": (["generate", "  \n"], {}, "prompt is empty"),
+    "prompt too long": (["generate", "x" * 600], {}, "context is 512"),
+    "max_new_tokens 0": (["generate", PROMPT, "--max-new-tokens", "0"], {}, "--max-new-tokens"),
+    "max_new_tokens negative": (["generate", PROMPT, "--max-new-tokens", "-5"], {}, "--max-new-tokens"),
+    "gamma 0": (["generate", PROMPT, "--gamma", "0"], {}, "--gamma"),
+    "gamma negative": (["generate", PROMPT, "--gamma", "-1"], {}, "--gamma"),
+    "min > max draft": (["generate", PROMPT, "--min-draft", "5", "--max-draft", "2"], {}, "--min-draft"),
+    "unknown method": (["generate", PROMPT, "--method", "turbo"], {}, "unknown method 'turbo'"),
+    "negative temperature": (["generate", PROMPT, "--temperature", "-0.5"], {}, "--temperature"),
+    "top-p 0": (["generate", PROMPT, "--temperature", "1", "--top-p", "0"], {}, "--top-p"),
+    "negative top-k": (["generate", PROMPT, "--top-k", "-1"], {}, "--top-k"),
+    "threads 0": (["generate", PROMPT], {"threads": "0"}, "--threads"),
+    "missing target": (["generate", PROMPT], {"target": "/nonexistent/model"}, "does not exist"),
+    "missing draft": (["generate", PROMPT], {"draft": "/nonexistent/draft"}, "does not exist"),
+    "mismatched tokenizers": (["generate", PROMPT], {"draft": "other"}, "tokenizers differ"),
+    "not a gguf": (["generate", PROMPT, "--method", "ar"], {"target": "bad.gguf"}, "cannot load the GGUF"),
+    "oracle with sampling": (["generate", PROMPT, "--method", "oracle", "--temperature", "1"], {}, "greedy"),
+    "demo gamma 0": (["demo", "--gamma", "0"], {}, "--gamma"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_one_line_exit_2(capsys, pair, tmp_path, monkeypatch, case):
+    argv, where, expect = BAD[case]
+    monkeypatch.setenv("PACER_HOME", str(tmp_path / "home"))
+    target, draft = pair["target"], pair["draft"]
+    if where.get("target") == "bad.gguf":
+        (tmp_path / "bad.gguf").write_bytes(b"definitely not GGUF" * 4)
+        target = str(tmp_path / "bad.gguf")
+    elif "target" in where:
+        target = where["target"]
+    if where.get("draft") == "other":
+        draft = pair["other"]
+    elif "draft" in where:
+        draft = where["draft"]
+    rest = ["--threads", where.get("threads", "1")]
+    rc = main([*argv, "--target", target, "--draft", draft, "--dtype", "float32", *rest])
+    out, err = capsys.readouterr()
+    assert rc == 2, (case, err)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("pacer: error: "), lines
+    assert expect in lines[0], lines[0]
+    assert out == ""  # nothing written half
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_gguf_hash_mismatch_exit_2(capsys, pair, tmp_path, monkeypatch):
+    actual = fake_default(tmp_path, monkeypatch, sha="0" * 64)
+    rc = main(["generate", PROMPT, "--method", "ar", "--target", "default-target", "--dtype", "float32"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == ""
+    lines = [ln for ln in err.splitlines() if ln.strip() and "assembling" not in ln]
+    assert len(lines) == 1 and lines[0].startswith("pacer: error: assembled target GGUF has sha256 " + actual)
+    assert [p.name for p in (tmp_path / "home").rglob("*") if p.is_file()] == []
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["generate"], ["generate", "x", "--dtype", "int4"], ["generate", "x", "--gamma", "two"], ["frobnicate"]],
+)
+def test_argparse_errors_exit_2(capsys, argv):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_console_entry_point_exit_status(pair):
+    """The real process: ``python -m pacer`` exits 2 with the one-line message."""
+    p = subprocess.run(
+        [sys.executable, "-m", "pacer", "generate", "", "--target", pair["target"]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.strip().splitlines() == [
+        "pacer: error: the prompt is empty; pass some text (or '-' to read standard input)"
+    ]

