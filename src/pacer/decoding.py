@@ -76,13 +76,64 @@ class CachedModel:
 
 @dataclass
 class Draft:
-    """One round's proposal: ``tokens`` (``d_1..d_γ``), ``q`` (``[γ, V]``, sampling only) and the policy state."""
+    """One round's proposal: ``tokens`` (``d_1..d_γ``), ``q`` (``[γ, V]``, sampling only), the policy state
+    and the number of draft forwards it took.
+
+    ``branches`` (greedy only, e.g. Ouroboros candidate phrases): alternative continuations after ``d_γ``
+    that the target verifies in the same forward as ``d_1..d_γ``, as a tree: a branch token attends to the
+    cache, the main chain and its own branch prefix, with position ids going on after ``d_γ``
+    (:meth:`tree_inputs`). If all ``γ`` draft tokens are accepted, the longest matching branch prefix becomes
+    ``extension`` (:meth:`accept_branch`) and is committed after ``d_γ``. The target's cache is cropped to the
+    main draft as usual; extension tokens are re-fed with the next round's forward. The policy only ever sees
+    the main draft (``state``, ``γ``, ``n``); the round's stats count the extension as drafted and accepted.
+    """
 
     tokens: list[int]
     q: torch.Tensor | None
     state: DraftState
     policy_time: float = 0.0
     forwards: int = 0
+    branches: list[list[int]] = field(default_factory=list)
+    extension: list[int] = field(default_factory=list)
+    branch: int = -1
+
+    def tree_inputs(self, pending: list[int], past: int, room: int, dtype: torch.dtype):
+        """Target input ``pending + d_1..d_γ + branches`` (branches cut to ``room`` tokens, none if
+        ``room <= 0``) and, with branches, the 4D float mask ``(1, 1, new, past + new)`` (0 where attended,
+        ``-inf`` elsewhere) and ``position_ids`` ``(1, new)``."""
+        self.branches = [b[:room] for b in self.branches if b] if room > 0 else []
+        ids = pending + self.tokens
+        if not self.branches:
+            return ids, None, None
+        main, total = len(ids), len(ids) + sum(len(b) for b in self.branches)
+        allow = torch.zeros(total, past + total, dtype=torch.bool)
+        allow[:, : past + main] = True
+        allow[:main, past : past + main] = torch.ones(main, main, dtype=torch.bool).tril()
+        pos = list(range(past, past + main))
+        for b in self.branches:
+            o, k = len(ids), len(b)
+            allow[o : o + k, past + o : past + o + k] = torch.ones(k, k, dtype=torch.bool).tril()
+            pos += range(past + main, past + main + k)
+            ids = ids + b
+        mask = torch.zeros(allow.shape, dtype=dtype).masked_fill_(~allow, float("-inf"))
+        return ids, mask[None, None], torch.tensor([pos])
+
+    def accept_branch(self, logits: torch.Tensor, start: int, x: int) -> int:
+        """Greedy, all ``γ`` accepted, ``x`` the target's token after ``d_γ``; ``logits`` of the whole tree
+        forward, branch rows from ``start``. Sets ``extension`` to the longest matching branch prefix and
+        returns the target's token after it (``x`` when no branch matches)."""
+        am = logits[start:].argmax(-1).tolist()
+        best, bonus, o = 0, x, 0
+        for j, b in enumerate(self.branches):
+            m, nxt = 0, x
+            while m < len(b) and b[m] == nxt:
+                nxt = am[o + m]
+                m += 1
+            if m > best:
+                best, bonus, self.branch = m, nxt, j
+            o += len(b)
+        self.extension = self.branches[self.branch][:best] if best else []
+        return bonus
 
 
 class Drafter:
@@ -260,27 +311,33 @@ def speculative_generate(
         draft = drafter.propose(tokens, policy, max(budget, 0), sampling, gen, produced=len(out.ids))
         t1 = time.perf_counter()
         γ = len(draft.tokens)
-        # 2. verify: one target forward; p[i] is the target's distribution for d_{i+1} (p[γ]: the bonus token)
-        logits, _ = target.forward(tokens[target.length :] + draft.tokens)
-        logits = logits[-(γ + 1) :]
-        # 3. accept
+        # 2. verify: one target forward over the unseen tokens and d_1..d_γ (greedy: plus candidate branches
+        #    after d_γ, as a tree); p[i] is the target's distribution for d_{i+1} (p[γ]: the bonus token)
+        pending = tokens[target.length :]
+        room = min(out.remaining, target.context - len(tokens)) - 1 - γ if sampling.greedy else 0
+        ids, mask, pos = draft.tree_inputs(pending, target.length, room, target.model.dtype)
+        tree, _ = target.forward(ids, attention_mask=mask, position_ids=pos)
+        logits = tree[len(pending) - 1 : len(pending) + γ]
+        # 3. accept: greedy - longest matching prefix, then (all γ matched) the longest matching branch,
+        #    plus the target's token; sampling - rejection sampling
         if sampling.greedy:
             n, x = verify_greedy(draft.tokens, logits)
+            x = draft.accept_branch(tree, len(pending) + γ, x) if n == γ and draft.branches else x
             p = None
         else:
             p = warp(logits, sampling)
             n, x = verify_sampling(draft.tokens, draft.q, p, gen)
-        # 4. roll back both caches to the accepted length
+        # 4. roll back both caches to the accepted main-draft length (an extension is re-fed next round)
         keep = len(tokens) + n
         target.crop(keep)
         drafter.rollback(keep)
         t2 = time.perf_counter()
         drafter.observe(tokens, logits.argmax(-1).tolist(), n)
         # 5. commit token by token (EOS / stop strings / max_new_tokens inside the block end the output exactly)
-        tokens += out.extend(draft.tokens[:n] + [x])
-        stats.record_round(γ, n)
+        tokens += out.extend(draft.tokens[:n] + draft.extension + [x])
+        stats.record_round(γ + len(draft.extension), n + len(draft.extension))
         stats.draft_forwards += draft.forwards
-        soft = acceptance_probs(draft.tokens, draft.q, p if p is not None else torch.softmax(logits, -1)) \
+        soft = acceptance_probs(draft.tokens, draft.state.prob, p if p is not None else torch.softmax(logits, -1)) \
             if needs_soft else []
         policy.update(draft.state, RoundResult(γ, n, soft))
         t3 = time.perf_counter()

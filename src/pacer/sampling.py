@@ -100,12 +100,7 @@ def verify_sampling(
     return len(draft), int(torch.multinomial(p[len(draft)], 1, generator=gen))
 
 
-def acceptance_probs(draft: list[int], q: torch.Tensor | None, p: torch.Tensor) -> list[float]:
-    """Soft acceptance ``min(1, p[i][d_{i+1}] / q[i][d_{i+1}])`` per draft token (1/0 match when ``q`` is None)."""
-    out = []
-    for i, x in enumerate(draft):
-        if q is None:
-            out.append(float(int(p[i].argmax()) == x))
-        else:
-            out.append(min(1.0, float(p[i, x]) / max(float(q[i, x]), 1e-20)))
-    return out
+def acceptance_probs(draft: list[int], q_tokens: list[float], p: torch.Tensor) -> list[float]:
+    """Soft acceptance ``min(1, p[i][d_{i+1}] / q_i(d_{i+1}))`` per draft token; ``q_tokens`` holds the draft's
+    probabilities of its own tokens (in greedy mode the unwarped softmax, i.e. temperature 1)."""
+    return [min(1.0, float(p[i, x]) / max(q_tokens[i], 1e-20)) for i, x in enumerate(draft)]

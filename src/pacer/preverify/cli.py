@@ -1,0 +1,112 @@
+"""``pacer collect``, ``pacer train`` and ``pacer tune`` (the PACER pipeline: collect -> train -> tune)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..errors import PacerError
+
+
+def _layers(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"layers must be comma-separated integers, got '{text}'") from e
+
+
+def cmd_collect(args) -> int:
+    from ..api import Decoder
+    from .collect import collect
+    from .features import FeatureSpec
+    from .train import measure_costs
+
+    if args.n <= 0 or args.max_new_tokens <= 0 or args.max_draft <= 0:
+        raise PacerError("--n, --max-new-tokens and --max-draft must be >= 1")
+    dec = Decoder.from_pretrained(args.target, args.draft, args.dtype, args.threads)
+    spec = FeatureSpec(args.layers, int(dec.draft_info.model.config.hidden_size), args.max_draft)
+    manifest = collect(dec, Path(args.out), args.n, args.max_new_tokens, spec, args.seed, args.shard_size)
+    if "costs" not in manifest:
+        from ..models import atomic_write_text
+
+        manifest["costs"] = measure_costs(dec).to_dict()
+        atomic_write_text(Path(args.out) / "manifest.json", json.dumps(manifest, indent=2) + "\n")
+    print(f"collected {manifest['tokens']} draft tokens in {manifest['rounds']} rounds from "
+          f"{manifest['prompts_done']} prompts into {args.out}")
+    return 0
+
+
+def cmd_train(args) -> int:
+    from .train import Costs, train
+
+    costs = Costs.from_dict(json.loads(Path(args.costs).read_text())) if args.costs else None
+    cfg = train(Path(args.data), Path(args.out), args.kind, args.block, args.epochs, args.seed, args.val_frac,
+                costs, args.min_draft, args.d, args.layers)
+    v = cfg["validation"]
+    print(json.dumps({"checkpoint": args.out, "kind": args.kind, "block": cfg["block"], "params": cfg["params"],
+                      "threshold": cfg["threshold"], **{k: v[k] for k in v if k != "calibration"}}, indent=2))
+    return 0
+
+
+def cmd_tune(args) -> int:
+    from .train import Costs, measure_costs, retune
+
+    if args.measure_costs:
+        from ..api import Decoder
+        from ..models import atomic_write_text
+
+        dec = Decoder.from_pretrained(args.target, args.draft, args.dtype, args.threads)
+        costs = measure_costs(dec)
+        atomic_write_text(Path(args.measure_costs), json.dumps(costs.to_dict(), indent=2) + "\n")
+        print(json.dumps(costs.to_dict(), indent=2))
+    if args.checkpoint:
+        if not args.data:
+            raise PacerError("pacer tune --checkpoint needs --data (the collected rounds to tune on)")
+        if args.measure_costs:
+            pass
+        elif args.costs:
+            costs = Costs.from_dict(json.loads(Path(args.costs).read_text()))
+        else:
+            raise PacerError("pacer tune --checkpoint needs --costs FILE or --measure-costs FILE")
+        cfg = retune(Path(args.checkpoint), Path(args.data), costs, args.min_draft)
+        print(f"threshold {cfg['threshold']} (predicted speedup {cfg['validation']['predicted_speedup']}x)")
+    if not args.checkpoint and not args.measure_costs:
+        raise PacerError("pacer tune: pass --measure-costs FILE and/or --checkpoint CKPT --data DIR")
+    return 0
+
+
+def register(sub, add_model_args, add_decoding_args) -> None:
+    c = sub.add_parser("collect", help="record draft features + target verdicts on held-out ShareGPT prompts")
+    c.add_argument("--out", required=True, help="output folder (resumable)")
+    c.add_argument("--n", type=int, default=300, help="number of prompts")
+    c.add_argument("--max-new-tokens", type=int, default=48)
+    c.add_argument("--max-draft", type=int, default=16, help="draft tokens per round while collecting")
+    c.add_argument("--layers", type=_layers, default=(-13, -1), help="draft hidden-state layers, e.g. -13,-1")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--shard-size", type=int, default=4, help="prompts per shard")
+    add_model_args(c)
+    c.set_defaults(func=cmd_collect)
+
+    t = sub.add_parser("train", help="train the pre-verification layer (or the SpecDec++ head)")
+    t.add_argument("--data", required=True, help="folder made by pacer collect")
+    t.add_argument("--out", required=True, help="checkpoint folder")
+    t.add_argument("--kind", choices=["pacer", "specdecpp"], default="pacer")
+    t.add_argument("--block", type=int, default=4, help="block size b")
+    t.add_argument("--epochs", type=int, default=30)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--val-frac", type=float, default=0.2)
+    t.add_argument("--d", type=int, default=64, help="width of the layer")
+    t.add_argument("--layers", type=_layers, default=None, help="use only these recorded layers (ablation)")
+    t.add_argument("--min-draft", type=int, default=1)
+    t.add_argument("--costs", default=None, help="costs JSON (pacer tune --measure-costs); default: manifest's")
+    t.set_defaults(func=cmd_train)
+
+    u = sub.add_parser("tune", help="measure this machine's forward costs; re-choose a checkpoint's threshold")
+    u.add_argument("--measure-costs", default=None, metavar="FILE", help="measure and write costs JSON here")
+    u.add_argument("--checkpoint", default=None)
+    u.add_argument("--data", default=None)
+    u.add_argument("--costs", default=None)
+    u.add_argument("--min-draft", type=int, default=None)
+    add_model_args(u)
+    u.set_defaults(func=cmd_tune)

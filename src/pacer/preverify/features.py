@@ -1,0 +1,80 @@
+"""What the pre-verification layer reads about each draft token, gathered from computations the loop does anyway.
+
+Per draft token ``d_i`` (``i`` = 1-based position in the round's draft) the draft forward that produced it gives:
+
+* ``hidden`` - the draft's hidden states at the position that predicted ``d_i``, for the layers in
+  ``FeatureSpec.hidden_layers`` (indices into transformers' ``hidden_states`` tuple; ``-1`` is the final, normed
+  state), concatenated: ``[len(layers) * H]``.
+* ``scalars`` (``FeatureSpec.scalar_names``): ``q(d_i)``, ``max q``, entropy of ``q`` (nats), ``log q(d_i)``,
+  ``i / max_draft`` and, from this generation's earlier rounds, the previous round's acceptance ratio ``n/γ`` and an
+  exponential moving average of it (1.0 before the first round).
+
+Labels, from the target's verification of the same round:
+
+* ``accepted`` - 1 if ``d_i`` *and every earlier draft token* were accepted (greedy match), i.e. ``i <= n``. A block
+  passes pre-verification when its last token's label is 1.
+* ``cond_valid`` - 1 if every earlier token was accepted (``i <= n + 1``): where the per-token conditional label
+  (``d_i`` accepted given its prefix was) is defined - what a SpecDec++-style head is trained on.
+* ``soft`` - ``min(1, p(d_i) / q(d_i))`` at temperature 1, the acceptance probability under rejection sampling.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ..policies import DraftState
+
+SCALAR_NAMES = ("prob", "top_prob", "entropy", "log_prob", "position", "prev_ratio", "ema_ratio")
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    hidden_layers: tuple[int, ...] = (-13, -1)
+    hidden_size: int = 896
+    max_draft: int = 16
+    scalar_names: tuple[str, ...] = SCALAR_NAMES
+
+    @property
+    def hidden_dim(self) -> int:
+        return len(self.hidden_layers) * self.hidden_size
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["hidden_layers"] = list(self.hidden_layers)
+        d["scalar_names"] = list(self.scalar_names)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> FeatureSpec:
+        return cls(tuple(d["hidden_layers"]), int(d["hidden_size"]), int(d["max_draft"]), tuple(d["scalar_names"]))
+
+
+class RoundHistory:
+    """Acceptance of this generation's earlier rounds (the ``prev_ratio`` / ``ema_ratio`` features)."""
+
+    def __init__(self, decay: float = 0.7) -> None:
+        self.decay = decay
+        self.reset()
+
+    def reset(self) -> None:
+        self.prev = 1.0
+        self.ema = 1.0
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if drafted:
+            r = accepted / drafted
+            self.prev = r
+            self.ema = self.decay * self.ema + (1 - self.decay) * r
+
+
+def scalar_features(state: DraftState, spec: FeatureSpec, hist: RoundHistory, start: int = 0) -> torch.Tensor:
+    """``[n - start, len(SCALAR_NAMES)]`` scalar features of tokens ``start..n-1`` of ``state``."""
+    rows = []
+    for i in range(start, state.n):
+        p = state.prob[i]
+        rows.append([p, state.top_prob[i], state.entropy[i], math.log(max(p, 1e-13)),
+                     (i + 1) / spec.max_draft, hist.prev, hist.ema])
+    return torch.tensor(rows, dtype=torch.float32).reshape(-1, len(SCALAR_NAMES))

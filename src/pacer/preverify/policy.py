@@ -1,0 +1,174 @@
+"""The ``pacer`` and ``specdecpp`` draft-length policies, and checkpoint loading.
+
+``pacer``: drafts in blocks of ``b`` tokens; at every block boundary the pre-verification layer scores the block
+(with the earlier blocks of the same draft as context) and drafting goes on only if the block passes
+(``score >= threshold``). The whole failing block still goes to the target: verification costs the same.
+
+``specdecpp``: after every token, stops once the head's probability that some drafted token is rejected,
+``1 - Π_j σ_j``, exceeds the threshold.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from importlib import resources
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from ..errors import PacerError
+from ..policies import DraftPolicy, DraftState, RoundResult
+from .features import FeatureSpec, RoundHistory, scalar_features
+from .layer import PreVerifier, TokenHead
+
+DEFAULT_CHECKPOINTS = {"pacer": "pacer-default", "specdecpp": "specdecpp-default"}
+
+
+def default_checkpoint(kind: str) -> Path:
+    return Path(str(resources.files("pacer") / "checkpoints" / DEFAULT_CHECKPOINTS[kind]))
+
+
+def load_checkpoint(path: Path | str, draft_fingerprint: str | None = None):
+    """``(model, mu, sd, config)``; refuses a missing/corrupt checkpoint or one made for another draft model."""
+    path = Path(path)
+    cfg_path, w_path = path / "config.json", path / "weights.safetensors"
+    if not cfg_path.exists() or not w_path.exists():
+        raise PacerError(f"'{path}' is not a pre-verifier checkpoint (needs config.json and weights.safetensors); "
+                         f"make one with `pacer train`")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+        spec = FeatureSpec.from_dict(cfg["feature_spec"])
+        kind = cfg["kind"]
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise PacerError(f"checkpoint config {cfg_path} is corrupt ({e}); retrain or restore it") from e
+    digest = hashlib.sha256(w_path.read_bytes()).hexdigest()
+    if digest != cfg.get("weights_sha256"):
+        raise PacerError(f"checkpoint weights {w_path} are corrupt (sha256 mismatch); retrain or restore them")
+    if draft_fingerprint is not None and cfg.get("draft_fingerprint") != draft_fingerprint:
+        raise PacerError(
+            f"checkpoint {path} was trained for draft model {str(cfg.get('draft_fingerprint'))[:16]}..., not for "
+            f"this draft ({draft_fingerprint[:16]}...); collect and train one for this pair (pacer collect/train)"
+        )
+    try:
+        tensors = load_file(str(w_path))
+    except Exception as e:  # safetensors raises several types on a damaged file
+        raise PacerError(f"checkpoint weights {w_path} cannot be read ({e}); retrain or restore them") from e
+    S = len(spec.scalar_names)
+    if kind == "pacer":
+        model = PreVerifier(spec.hidden_dim, S, cfg["block"], cfg["d"], max_draft=spec.max_draft)
+    elif kind == "specdecpp":
+        model = TokenHead(spec.hidden_dim, S, cfg["d"])
+    else:
+        raise PacerError(f"checkpoint {path} has unknown kind '{kind}'")
+    state = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        raise PacerError(f"checkpoint {path} does not match its config ({str(e).splitlines()[0]})") from e
+    model.eval()
+    return model, tensors["norm.mean"], tensors["norm.std"], cfg
+
+
+class _LearnedPolicy(DraftPolicy):
+    """Shared parts: the feature spec, the scalar normaliser, the round history."""
+
+    def __init__(self, model, mu, sd, cfg: dict, threshold: float | None = None, min_draft: int | None = None,
+                 max_draft: int | None = None) -> None:
+        spec = FeatureSpec.from_dict(cfg["feature_spec"])
+        super().__init__(cfg.get("min_draft", 1) if min_draft is None else min_draft,
+                         spec.max_draft if max_draft is None else max_draft)
+        self.model, self.mu, self.sd, self.cfg, self.spec = model, mu, sd, cfg, spec
+        self.threshold = float(cfg["threshold"] if threshold is None else threshold)
+        if not 0.0 <= self.threshold <= 1.0:
+            raise PacerError(f"threshold must be in [0, 1], got {self.threshold}")
+        self.hidden_layers = spec.hidden_layers
+        self.hist = RoundHistory()
+        self.checks = 0
+
+    def reset(self) -> None:
+        self.hist.reset()
+
+    def update(self, state: DraftState, result: RoundResult) -> None:
+        self.hist.update(result.drafted, result.accepted)
+
+    def inputs(self, state: DraftState) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = torch.stack(state.hidden)[:, : self.spec.hidden_dim].float()
+        scalars = (scalar_features(state, self.spec, self.hist) - self.mu) / self.sd
+        return hidden, scalars
+
+
+class PacerPolicy(_LearnedPolicy):
+    name = "pacer"
+
+    def __init__(self, model: PreVerifier, mu, sd, cfg: dict, threshold: float | None = None,
+                 min_draft: int | None = None, max_draft: int | None = None, block: int | None = None) -> None:
+        super().__init__(model, mu, sd, cfg, threshold, min_draft, max_draft)
+        self.block = block or model.block
+        model.block = self.block
+
+    @torch.inference_mode()
+    def should_continue(self, state: DraftState) -> bool:
+        if state.n == 0 or state.n % self.block:
+            return True  # decide at block boundaries only
+        if state.n > self.spec.max_draft:
+            return False
+        self.checks += 1
+        h, s = self.inputs(state)
+        _, blk = self.model(h[None], s[None])
+        return bool(torch.sigmoid(blk[0, -1]) >= self.threshold)
+
+    def describe(self) -> str:
+        return f"pacer(b={self.block}, threshold={self.threshold:.2f}, min={self.min_draft}, max={self.max_draft})"
+
+
+class SpecDecPPPolicy(_LearnedPolicy):
+    name = "specdecpp"
+
+    def reset(self) -> None:
+        super().reset()
+        self.survive = 1.0
+
+    @torch.inference_mode()
+    def should_continue(self, state: DraftState) -> bool:
+        if state.n == 0:
+            self.survive = 1.0
+            return True
+        if state.n > self.spec.max_draft:
+            return False
+        self.checks += 1
+        h, s = self.inputs(state)
+        p = float(torch.sigmoid(self.model(h[-1:], s[-1:]))[0])
+        self.survive *= p
+        return 1.0 - self.survive <= self.threshold
+
+
+def make_learned_policy(kind: str, path: Path | str | None, draft_fingerprint: str | None, bounds: dict,
+                        opts: dict) -> DraftPolicy:
+    ckpt = Path(path) if path else default_checkpoint(kind)
+    model, mu, sd, cfg = load_checkpoint(ckpt, draft_fingerprint)
+    if cfg["kind"] != kind:
+        raise PacerError(f"checkpoint {ckpt} is a '{cfg['kind']}' checkpoint, not '{kind}'")
+    cls = PacerPolicy if kind == "pacer" else SpecDecPPPolicy
+    extra = {"block": opts.pop("block")} if kind == "pacer" and "block" in opts else {}
+    if opts:
+        raise PacerError(f"unknown {kind} option(s): {', '.join(opts)} (known: threshold, path, block)")
+    return cls(model, mu, sd, cfg, **bounds, **extra)
+
+
+def load_policy(decoder, kind: str, bounds: dict, opts: dict) -> DraftPolicy:
+    """The policy for ``Decoder.make_policy``: ``opts`` may hold ``path`` (checkpoint), ``threshold``, ``block``."""
+    opts = dict(opts)
+    path = opts.pop("path", None)
+    thr = opts.pop("threshold", None)
+    if decoder.draft_info is None:
+        raise PacerError(f"method '{kind}' needs a draft model")
+    if path is None and not (default_checkpoint(kind) / "config.json").exists():
+        raise PacerError(f"no shipped {kind} checkpoint; pass --preverifier PATH")
+    pol = make_learned_policy(kind, path, decoder.draft_info.fingerprint, {**bounds}, opts)
+    if thr is not None:
+        if not 0.0 <= thr <= 1.0:
+            raise PacerError(f"threshold must be in [0, 1], got {thr}")
+        pol.threshold = float(thr)
+    return pol
