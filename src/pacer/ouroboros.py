@@ -1,0 +1,413 @@
+"""Ouroboros-style phrase drafting: a bounded phrase pool, phrase-by-phrase drafting and candidate branches.
+
+**Phrase pool** (:class:`PhrasePool`). An entry is an n-gram split into a *key* (its first 1..``key_len``
+tokens) and a *continuation* (the next ``ngram`` tokens, shorter only for one-shot sources). Entries live in
+one LRU of at most ``capacity`` entries (each n-gram is stored once per key length, every copy counts); a
+lookup takes the longest key that matches the end of the context and returns the most recently used
+continuations. Sources:
+
+* ``prompt``    - the prompt's n-grams (at the first proposal of a generation);
+* ``output``    - the committed output (every committed token is the target's own choice);
+* ``verify``    - the target's argmax *after the first mismatch* of a round, which plain SD throws away:
+  ``[d_{n+1}, a_{n+1}, a_{n+2}, ...]`` is the target's own continuation of the rejected token;
+* ``lookahead`` - Jacobi-style guesses of the draft: when the draft checks a phrase and disagrees at
+  position ``k``, its argmax at positions ``k..m`` (computed by that same forward) is the next Jacobi
+  iterate of the phrase;
+* warm start    - with ``warm_start`` (default) the pool is shared by every :class:`PhraseDrafter` on the
+  same draft model and settings in this process, so a prompt starts with what earlier generations left; hits
+  on entries made by an earlier generation are counted as ``warm``. ``pool_file`` loads a pool at start and
+  saves it (atomically: temporary file, then rename) after every generation.
+
+**Phrase-by-phrase drafting** (greedy). When the pool has a continuation for the current draft context, the
+draft checks the whole phrase in one forward (on a CPU a forward over 8 tokens costs about one over 1),
+keeps the prefix that equals its own argmax plus its own next token, and asks the policy before each kept
+token exactly as token-by-token drafting would (features - ``prob``, ``top_prob``, ``entropy``, hidden
+states - come from the forward that checked the token; ``phrase=True`` marks pool tokens). The drafted
+tokens are therefore the draft's own greedy tokens: only the number of draft forwards changes. Without a
+phrase it drafts one token per forward.
+
+**Sampling mode**: phrase drafting would only be lossless with ``q`` the distribution each token was drawn
+from; this drafter keeps it simple and correct - with ``temperature > 0`` it drafts token by token exactly
+like :class:`~pacer.decoding.TokenDrafter` (same random draws, so the same output as ``sd`` for a seed) and
+proposes no candidate branches. The pool still learns from the prompt and output.
+
+**Candidate branches** (greedy, ``candidates`` > 0). After the draft, up to ``candidates`` continuations of
+the drafted context are attached after ``d_γ`` (first: the rest of a phrase the draft agreed with but the
+policy cut; then pool continuations with distinct first tokens, each at most ``candidate_len`` tokens). The
+loop verifies them with the draft in one target forward as a tree (see :class:`~pacer.decoding.Draft`); if
+all ``γ`` draft tokens are accepted the longest matching branch extends the round. Accepted branch tokens
+are not kept in the target's cache (it is cropped to the main draft) but re-fed with the next round's
+forward: target cost is flat in the number of new tokens on this CPU, so this costs ~nothing and keeps the
+rollback a plain crop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+import weakref
+from collections import Counter, OrderedDict
+from pathlib import Path
+
+import torch
+
+from .decoding import Draft, TokenDrafter, token_features
+from .errors import PacerError
+from .policies import DraftState
+
+SOURCES = ("prompt", "output", "verify", "lookahead")
+Key = tuple[int, ...]
+
+
+class PhrasePool:
+    """N-grams keyed by their first token(s), at most ``capacity`` entries, least recently used evicted."""
+
+    def __init__(self, ngram: int = 6, capacity: int = 20000, key_len: int = 2) -> None:
+        if ngram < 1 or capacity < 1 or key_len < 1:
+            raise PacerError(f"phrase pool needs ngram, pool size and key length >= 1 "
+                             f"(got {ngram}, {capacity}, {key_len})")
+        self.ngram, self.capacity, self.key_len = ngram, capacity, key_len
+        #: (key, continuation) -> [source, generation that last added it]; order = recency (last = newest)
+        self.entries: OrderedDict[tuple[Key, Key], list] = OrderedDict()
+        #: key -> continuations in recency order (mirrors ``entries``)
+        self.index: dict[Key, OrderedDict[Key, None]] = {}
+        self.generation = 0
+        self.added: Counter = Counter()
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def add(self, key: Key, cont: Key, source: str) -> None:
+        item = (key, cont)
+        if item in self.entries:
+            self.entries.move_to_end(item)
+            self.entries[item] = [source, self.generation]
+            self.index[key].move_to_end(cont)
+            return
+        self.entries[item] = [source, self.generation]
+        self.index.setdefault(key, OrderedDict())[cont] = None
+        self.added[source] += 1
+        while len(self.entries) > self.capacity:
+            (k, c), _ = self.entries.popitem(last=False)
+            conts = self.index[k]
+            del conts[c]
+            if not conts:
+                del self.index[k]
+
+    def add_sequence(self, seq: list[int], source: str, first_cont: int = 1, min_end: int = 0,
+                     partial: bool = False) -> None:
+        """Add the n-grams of ``seq`` whose continuation starts at or after index ``first_cont`` and whose
+        last token is at or after ``min_end`` (the part not added before). Continuations are ``ngram`` long;
+        with ``partial`` a shorter one (>= 2 tokens) at the end of ``seq`` is kept too."""
+        N = self.ngram
+        for i in range(max(first_cont, 1) - 1, len(seq) - 1):  # i: last key token
+            cont = tuple(seq[i + 1 : i + 1 + N])
+            if len(cont) < N and not (partial and len(cont) >= min(2, N)):
+                break
+            if i + len(cont) < min_end:
+                continue
+            for k in range(1, self.key_len + 1):
+                if i - k + 1 < 0:
+                    break
+                self.add(tuple(seq[i - k + 1 : i + 1]), cont, source)
+
+    def lookup(self, context: list[int], k: int = 1,
+               exclude_first: set[int] | None = None) -> list[tuple[Key, Key]]:
+        """Up to ``k`` ``(key, continuation)`` pairs continuing ``context``: longest key first, newest first,
+        distinct first tokens (none in ``exclude_first``)."""
+        out: list[tuple[Key, Key]] = []
+        firsts = set(exclude_first or ())
+        for kl in range(min(self.key_len, len(context)), 0, -1):
+            key = tuple(context[-kl:])
+            for cont in reversed(self.index.get(key, ())):
+                if cont[0] in firsts:
+                    continue
+                out.append((key, cont))
+                firsts.add(cont[0])
+                if len(out) >= k:
+                    return out
+        return out
+
+    def touch(self, key: Key, cont: Key) -> str:
+        """Mark an entry as used (newest); returns its source (``warm``: added by an earlier generation)."""
+        item = (key, cont)
+        if item not in self.entries:
+            return "evicted"
+        source, gen = self.entries[item]
+        self.entries.move_to_end(item)
+        self.index[key].move_to_end(cont)
+        return source if gen == self.generation else "warm"
+
+    def counts(self) -> dict[str, int]:
+        c = Counter(s for s, _ in self.entries.values())
+        return {s: c.get(s, 0) for s in SOURCES}
+
+    # ------------------------------------------------------------------------------------------------ files
+    def save(self, path: Path | str, vocab: int) -> None:
+        """Write the pool as JSON, atomically (temporary file in the same folder, then rename)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        entries = [[list(k), list(c), s] for (k, c), (s, _) in self.entries.items()]
+        data = {"format": "pacer-phrase-pool", "version": 1, "vocab": vocab, "ngram": self.ngram,
+                "key_len": self.key_len, "entries": entries}
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f, separators=(",", ":"))
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def load(self, path: Path | str, vocab: int) -> int:
+        """Add the entries of a saved pool (as made by an earlier generation); returns how many were read."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+            entries = data["entries"]
+            ok = data.get("format") == "pacer-phrase-pool" and data.get("vocab") == vocab
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+            raise PacerError(f"phrase pool file {path} cannot be read ({e}); delete it or pass another") \
+                from e
+        if not ok:
+            raise PacerError(f"phrase pool file {path} was made for another vocabulary (or is no pool file)")
+        gen, self.generation = self.generation, self.generation - 1  # loaded entries count as warm
+        for k, c, s in entries:
+            if s in SOURCES and 1 <= len(k) <= self.key_len and c:
+                self.add(tuple(k), tuple(c[: self.ngram]), s)
+        self.generation = gen
+        return len(entries)
+
+
+#: pools shared by drafters on the same draft model (warm start): model -> settings -> pool
+_SHARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def shared_pool(model: torch.nn.Module, ngram: int, capacity: int, key_len: int, tag: str = "") -> PhrasePool:
+    per_model = _SHARED.setdefault(model, {})
+    key = (ngram, capacity, key_len, tag)
+    if key not in per_model:
+        per_model[key] = PhrasePool(ngram, capacity, key_len)
+    return per_model[key]
+
+
+def clear_shared_pools() -> None:
+    """Forget every warm-start pool of this process (benchmarks use it between configurations)."""
+    _SHARED.clear()
+
+
+class PhraseDrafter(TokenDrafter):
+    """Ouroboros drafter (see the module docstring). Options (``drafter_opts`` / CLI):
+
+    ``ngram`` phrase (continuation) length, ``pool_size`` pool capacity in entries, ``candidates`` candidate
+    branches per round (0: none), ``candidate_len`` longest branch (default ``ngram``), ``key_len`` longest
+    key,
+    ``sources`` the pool sources used (a subset of ``prompt,output,verify,lookahead``; a comma string works),
+    ``warm_start`` share the pool across generations, ``pool_file`` load/save the pool, ``phrases`` draft
+    phrase by phrase (False: token by token, e.g. to measure candidates alone), ``tree_size`` most tokens
+    one verification may score with the branches (default 10, ``None``: no cap): a target forward costs about
+    the same for 1..8-10 tokens on this CPU and clearly more beyond, so branches only fill that flat part.
+    """
+
+    def __init__(self, draft_model: torch.nn.Module, vocab: int, ngram: int | None = None,
+                 pool_size: int | None = None, candidates: int | None = None,
+                 candidate_len: int | None = None, key_len: int = 2,
+                 sources: str | tuple[str, ...] | list[str] = SOURCES, warm_start: bool = True,
+                 pool_file: str | Path | None = None, phrases: bool = True, pool_tag: str = "",
+                 tree_size: int | None = 10) -> None:
+        super().__init__(draft_model, vocab)
+        ngram = 6 if ngram is None else int(ngram)
+        pool_size = 20000 if pool_size is None else int(pool_size)
+        self.candidates = 2 if candidates is None else int(candidates)
+        self.candidate_len = int(candidate_len) if candidate_len is not None else ngram
+        if self.candidates < 0 or self.candidate_len < 1:
+            raise PacerError(f"--candidates must be >= 0 (got {self.candidates}) and candidate_len >= 1")
+        self.tree_size = int(tree_size) if tree_size else None
+        if isinstance(sources, str):
+            sources = tuple(s.strip() for s in sources.replace("+", ",").split(",") if s.strip())
+        bad = [s for s in sources if s not in SOURCES]
+        if bad:
+            raise PacerError(f"unknown phrase source(s) {', '.join(bad)}; choose from {', '.join(SOURCES)}")
+        self.sources = set(sources)
+        self.phrases = bool(phrases)
+        if warm_start:
+            tag = f"{pool_tag}|{','.join(sorted(self.sources))}"
+            self.pool = shared_pool(draft_model, ngram, pool_size, key_len, tag)
+        else:
+            self.pool = PhrasePool(ngram, pool_size, key_len)
+        self.pool_file = Path(pool_file) if pool_file else None
+        if self.pool_file is not None and self.pool_file.exists() and len(self.pool) == 0:
+            self.pool.load(self.pool_file, vocab)
+        self.counts: Counter = Counter()
+        self.phrase_hits: Counter = Counter()  # draft phrases with >= 1 kept token, by the entry's source
+        self.candidate_hits: Counter = Counter()  # accepted branches, by source (``leftover``: cut phrase)
+        self._leftover: list[int] = []
+        self._last: Draft | None = None
+        self._branch_keys: list[tuple[Key, Key] | None] = []
+        self._seen = 0
+
+    # ----------------------------------------------------------------------------------------------- pool
+    def _learn(self, seq: list[int], source: str, **kw) -> None:
+        if source in self.sources:
+            self.pool.add_sequence(seq, source, **kw)
+
+    def _sync(self, tokens: list[int]) -> None:
+        """Add the tokens committed since the last proposal (the prompt at the first one)."""
+        if self._seen == 0:
+            self._learn(tokens, "prompt")
+        elif len(tokens) > self._seen:
+            lo = max(0, self._seen - self.pool.ngram - self.pool.key_len)
+            self._learn(tokens[lo:], "output", min_end=self._seen - lo)
+        self._seen = len(tokens)
+
+    # ------------------------------------------------------------------------------------------ interface
+    def reset(self) -> None:
+        super().reset()
+        self.pool.generation += 1
+        self.counts = Counter()
+        self.phrase_hits = Counter()
+        self.candidate_hits = Counter()
+        self._leftover = []
+        self._last = None
+        self._seen = 0
+
+    def propose(self, tokens, policy, budget, sampling, gen, produced) -> Draft:
+        self._sync(tokens)
+        if not sampling.greedy or not self.phrases:
+            draft = super().propose(tokens, policy, budget, sampling, gen, produced)
+        else:
+            draft = self._propose_phrases(tokens, policy, budget, sampling, produced)
+        self.counts["rounds"] += 1
+        self.counts["draft_tokens"] += len(draft.tokens)
+        self.counts["draft_forwards"] += draft.forwards
+        if sampling.greedy and self.candidates:
+            self._add_candidates(tokens, draft)
+        self._last = draft
+        return draft
+
+    def _propose_phrases(self, tokens, policy, budget, sampling, produced) -> Draft:
+        state = DraftState(produced=produced)
+        layers = policy.hidden_layers
+        policy_time, forwards = 0.0, 0
+        self._leftover = []
+
+        def go_on() -> bool:
+            nonlocal policy_time
+            if state.n < policy.min_draft:
+                return True
+            t = time.perf_counter()
+            ok = policy.should_continue(state)
+            policy_time += time.perf_counter() - t
+            return ok
+
+        while state.n < budget and go_on():
+            ctx = tokens + state.tokens
+            pending = ctx[self.model.length :]
+            room = budget - state.n  # tokens this forward may still add (its phrase tokens + the draft's own)
+            found = self.pool.lookup(ctx, 1) if room > 1 else []
+            key, phrase = found[0] if found else ((), ())
+            phrase = list(phrase[: room - 1])
+            start = self.model.length + len(pending)  # cache length once pending is in
+            logits, hidden = self.model.forward(pending + phrase, hidden=layers is not None)
+            forwards += 1
+            rows = logits[len(pending) - 1 :]  # row j predicts the token after phrase[:j]
+            q = torch.softmax(self.align(rows), -1)
+            guess = q.argmax(-1).tolist()
+            k = 0
+            while k < len(phrase) and phrase[k] == guess[k]:
+                k += 1
+            new = phrase[:k] + [guess[k]]  # the draft's own greedy tokens
+            kept = 0
+            for j, x in enumerate(new):
+                if j and (state.n >= budget or not go_on()):
+                    break
+                token_features(q[j], x, state)
+                state.phrase.append(j < k)
+                if layers is not None:
+                    r = len(pending) - 1 + j
+                    state.hidden.append(torch.cat([hidden[i][r] for i in layers]).float())
+                kept += 1
+            self.model.crop(start + min(kept, k))  # keep only kept phrase tokens in the cache
+            if phrase:
+                self.counts["phrase_forwards"] += 1
+                self.counts["phrase_tokens"] += min(kept, k)
+                if k:
+                    self.phrase_hits[self.pool.touch(key, found[0][1])] += 1
+                if k < len(phrase):
+                    # Jacobi iterate: the draft's argmax at every position from the first disagreement on
+                    tail = (ctx + phrase[:k])[-self.pool.key_len :]
+                    self._learn(tail + guess[k:], "lookahead", first_cont=len(tail), partial=True)
+            if kept < len(new):
+                self._leftover = new[kept:]  # agreed by the draft but cut by the policy / budget
+                break
+        return Draft(state.tokens, None, state, policy_time, forwards)
+
+    def _add_candidates(self, tokens: list[int], draft: Draft) -> None:
+        ctx = tokens + draft.tokens
+        left = self.tree_size - 1 - len(draft.tokens) if self.tree_size else 1 << 30  # 1: the pending token
+        found: list[tuple[tuple[Key, Key] | None, list[int]]] = []
+        if self._leftover:
+            found.append((None, self._leftover))
+        firsts = {b[0] for _, b in found}
+        found += [(kc, list(kc[1])) for kc in self.pool.lookup(ctx, self.candidates - len(found), firsts)]
+        branches: list[list[int]] = []
+        keys: list[tuple[Key, Key] | None] = []
+        for kc, b in found:
+            b = b[: min(self.candidate_len, left)]
+            if b:
+                branches.append(b)
+                keys.append(kc)
+                left -= len(b)
+        self._leftover = []
+        draft.branches = branches
+        self._branch_keys = keys
+
+    def observe(self, tokens: list[int], target_argmax: list[int], accepted: int) -> None:
+        draft, n = self._last, accepted
+        if draft is None:
+            return
+        γ = len(draft.tokens)
+        if n < γ and γ + 1 <= len(target_argmax):
+            a = target_argmax[-(γ + 1) :]
+            if len(a) - n - 1 >= 1:
+                ctx = (tokens + draft.tokens[: n + 1])[-self.pool.key_len :]
+                self._learn(ctx + a[n + 1 :], "verify", first_cont=len(ctx), partial=True)
+        if draft.branches:
+            self.counts["candidate_rounds"] += 1
+            self.counts["candidates"] += len(draft.branches)
+            self.counts["candidate_tokens"] += sum(len(b) for b in draft.branches)
+            if draft.extension:
+                self.counts["candidate_accepted_rounds"] += 1
+                self.counts["candidate_accepted_tokens"] += len(draft.extension)
+                item = self._branch_keys[draft.branch] if 0 <= draft.branch < len(self._branch_keys) else None
+                self.candidate_hits["leftover" if item is None else self.pool.touch(*item)] += 1
+
+    def report(self) -> dict:
+        c = self.counts
+        if self.pool_file is not None:
+            self.pool.save(self.pool_file, self.vocab)
+        return {
+            "rounds": c["rounds"],
+            "draft_tokens": c["draft_tokens"],
+            "draft_forwards": c["draft_forwards"],
+            "phrase_forwards": c["phrase_forwards"],
+            "phrase_hits": sum(self.phrase_hits.values()),
+            "phrase_tokens": c["phrase_tokens"],
+            "tokens_per_draft_forward": round(c["draft_tokens"] / max(c["draft_forwards"], 1), 3),
+            "candidate_rounds": c["candidate_rounds"],
+            "candidates_proposed": c["candidates"],
+            "candidate_tokens_proposed": c["candidate_tokens"],
+            "candidate_accepted_rounds": c["candidate_accepted_rounds"],
+            "candidate_accepted_tokens": c["candidate_accepted_tokens"],
+            "candidate_acceptance": round(c["candidate_accepted_rounds"] / c["candidate_rounds"], 4)
+            if c["candidate_rounds"] else 0.0,
+            "phrase_hits_by_source": dict(self.phrase_hits),
+            "candidate_hits_by_source": dict(self.candidate_hits),
+            "pool_size": len(self.pool),
+            "pool_capacity": self.pool.capacity,
+            "pool_by_source": self.pool.counts(),
+            "pool_added_by_source": {s: self.pool.added.get(s, 0) for s in SOURCES},
+            "sources": sorted(self.sources),
+        }
