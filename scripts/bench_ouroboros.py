@@ -196,6 +196,7 @@ def main() -> int:
     ap.add_argument("--ngram", type=int, default=None)
     ap.add_argument("--pool-size", type=int, default=None)
     ap.add_argument("--candidates", type=int, default=None)
+    ap.add_argument("--preverifier", default=None, help="pacer checkpoint folder (default: the shipped one)")
     ap.add_argument("--no-ablation", action="store_true")
     ap.add_argument("--methods", default="ar,sd,ouroboros,pacer,pacer+ouroboros")
     ap.add_argument("--dtype", default="bfloat16")
@@ -234,6 +235,8 @@ def main() -> int:
             runs.append((m, m, {"gamma": args.gamma, "drafter_opts": {**base, "pool_tag": f"bench-{m}"}}))
         else:
             runs.append((m, m, {}))
+        if m.startswith("pacer") and args.preverifier:
+            runs[-1][2]["policy_opts"] = {"path": args.preverifier}
     if not args.no_ablation and "ouroboros" in wanted:
         for label, opts in ABLATION:
             if opts is not None:
@@ -244,7 +247,7 @@ def main() -> int:
     for label, method, kw in runs:
         try:
             if method not in ("ar", "sd", "ouroboros"):
-                dec.make_policy(method, kw.get("gamma", 4))
+                dec.make_policy(method, kw.get("gamma", 4), **kw.get("policy_opts", {}))
             kept.append((label, method, kw))
         except (PacerError, ImportError) as e:
             notes.append(f"`{label}` skipped: {e}")
