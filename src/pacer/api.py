@@ -118,6 +118,8 @@ class Decoder:
         if method in ("ouroboros", "pacer+ouroboros"):
             from .ouroboros import PhraseDrafter
 
+            # each method keeps its own warm-start pool, so one method never sees another's output of a prompt
+            opts.setdefault("pool_tag", method)
             return PhraseDrafter(self.draft_info.model, self.vocab, **opts)
         return TokenDrafter(self.draft_info.model, self.vocab)
 

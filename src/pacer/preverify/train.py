@@ -185,7 +185,9 @@ def specdec_lengths(token_probs: np.ndarray, m: np.ndarray, thr: float, min_draf
 
 
 # --------------------------------------------------------------------------------------------------- training
-def _weights(labels: torch.Tensor) -> torch.Tensor:
+def _weights(labels: torch.Tensor, weighted: bool = True) -> torch.Tensor | None:
+    if not weighted:
+        return None
     pos = labels.mean().clamp(1e-3, 1 - 1e-3)
     return torch.where(labels > 0.5, 0.5 / pos, 0.5 / (1 - pos))
 
@@ -196,7 +198,7 @@ def _normaliser(r: Rounds) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def fit(kind: str, train: Rounds, block: int, epochs: int, seed: int, lr: float = 2e-3, d: int = 64,
-        log=print) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+        log=print, weighted: bool = True, token_weight: float = 0.5) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     """Train a ``pacer`` PreVerifier or a ``specdecpp`` TokenHead; returns the model and the scalar normaliser."""
     torch.manual_seed(seed)
     mu, sd = _normaliser(train)
@@ -216,18 +218,19 @@ def fit(kind: str, train: Rounds, block: int, epochs: int, seed: int, lr: float 
                 tok, blk = model(b.hidden, x_s)
                 mask = b.cond  # conditional token labels: defined where the prefix was accepted
                 lt = nn.functional.binary_cross_entropy_with_logits(tok[mask], b.accepted[mask],
-                                                                    weight=_weights(b.accepted[mask]))
+                                                                    weight=_weights(b.accepted[mask], weighted))
                 k = blk.shape[1]
                 ends = torch.arange(1, k + 1) * block - 1
                 y_b = b.accepted[:, ends]
                 m_b = b.valid[:, ends]
-                lb = nn.functional.binary_cross_entropy_with_logits(blk[m_b], y_b[m_b], weight=_weights(y_b[m_b]))
-                loss = lb + 0.5 * lt
+                lb = nn.functional.binary_cross_entropy_with_logits(blk[m_b], y_b[m_b],
+                                                                    weight=_weights(y_b[m_b], weighted))
+                loss = lb + token_weight * lt
             else:
                 mask = b.cond
                 logit = model(b.hidden[mask], x_s[mask])
                 loss = nn.functional.binary_cross_entropy_with_logits(logit, b.accepted[mask],
-                                                                      weight=_weights(b.accepted[mask]))
+                                                                      weight=_weights(b.accepted[mask], weighted))
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -252,7 +255,7 @@ def evaluate(kind: str, model, val: Rounds, mu, sd, block: int, costs: Costs, mi
     """Validation metrics and the cost-model-optimal threshold."""
     sc = scores(kind, model, val, mu, sd)
     m, n_star = val.m.numpy(), val.n_star.numpy()
-    grid = np.round(np.concatenate([np.linspace(0.02, 0.98, 49)]), 3)
+    grid = np.unique(np.round(np.concatenate([np.linspace(0.01, 0.99, 99), [0.995, 0.998, 0.999]]), 3))
     sims = []
     for thr in grid:
         if kind == "pacer":
@@ -286,7 +289,7 @@ def evaluate(kind: str, model, val: Rounds, mu, sd, block: int, costs: Costs, mi
         s_flat, y_flat = sc[c], val.accepted.numpy()[c]
         res["auc"] = round(roc_auc(s_flat, y_flat), 4)
     p, rcl = precision_recall(s_flat, y_flat, res["threshold"] if kind == "pacer" else 0.5)
-    res["fail_precision"], res["fail_recall"] = round(p, 4), round(rcl, 4)
+    res["fail_precision"], res["fail_recall"] = round(float(p), 4), round(float(rcl), 4)
     fixed = {g: simulate(np.minimum(m, g), n_star, costs) for g in range(1, int(m.max()) + 1)}
     res["best_fixed_gamma"] = max(fixed, key=fixed.get)
     res["best_fixed_predicted_speedup"] = round(max(fixed.values()), 4)
@@ -312,7 +315,8 @@ def save_checkpoint(out: Path, kind: str, model: nn.Module, mu, sd, config: dict
 
 def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs: int = 30, seed: int = 0,
           val_frac: float = 0.2, costs: Costs | None = None, min_draft: int = 1, d: int = 64,
-          hidden_layers: tuple[int, ...] | None = None, log=print) -> dict:
+          hidden_layers: tuple[int, ...] | None = None, log=print, weighted: bool = True,
+          token_weight: float = 0.5) -> dict:
     """Train, evaluate and save one checkpoint; returns its config (with the validation report)."""
     if kind not in ("pacer", "specdecpp"):
         raise PacerError(f"unknown kind '{kind}' (use pacer or specdecpp)")
@@ -333,7 +337,7 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
     rounds = to_rounds(data, spec.max_draft)
     tr, va = split(rounds, val_frac, seed)
     t0 = time.perf_counter()
-    model, mu, sd = fit(kind, tr, block, epochs, seed, d=d, log=log)
+    model, mu, sd = fit(kind, tr, block, epochs, seed, d=d, log=log, weighted=weighted, token_weight=token_weight)
     secs = time.perf_counter() - t0
     report = evaluate(kind, model, va, mu, sd, block, costs, min_draft)
     cfg = {
@@ -349,7 +353,8 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
         "target_fingerprint": manifest["target"],
         "costs": costs.to_dict(),
         "train": {"data": str(data_dir), "rounds_train": len(tr), "rounds_val": len(va), "epochs": epochs,
-                  "seed": seed, "val_frac": val_frac, "seconds": round(secs, 1),
+                  "seed": seed, "val_frac": val_frac, "seconds": round(secs, 1), "class_weighted": weighted,
+                  "token_loss_weight": token_weight,
                   "prompts": int(manifest["prompts_done"])},
         "validation": {k: v for k, v in report.items() if k != "sweep"},
         "sweep": report["sweep"],
