@@ -134,6 +134,25 @@ def test_demo_on_tiny_pair(capsys, pair):
     assert "outputs identical: 3/3" in out
 
 
+def test_demo_reports_a_difference(capsys, pair, monkeypatch):
+    """When an SD output differs (a bf16 near-tie can do that), the demo says where and how close it was."""
+    from pacer.api import Decoder
+
+    real = Decoder.generate
+
+    def altered(self, prompt, method="sd", *args, **kwargs):
+        res = real(self, prompt, method, *args, **kwargs)
+        if method != "ar" and len(res.token_ids) == 6:
+            res.token_ids[-1] = (res.token_ids[-1] + 1) % 256
+        return res
+
+    monkeypatch.setattr(Decoder, "generate", altered)
+    rc, out, err = run(capsys, pair, "demo", "--max-new-tokens", "6")
+    assert rc == 0, err
+    assert out.count("DIFFERS from plain decoding at token 5 (target top-2 logit gap ") == 3
+    assert "outputs identical: 0/3" in out
+
+
 # ------------------------------------------------------------------------------------------------ bad input
 def fake_default(tmp_path, monkeypatch, sha):
     """Installs importable chunk packages and points 'default-target' at them, with ``sha`` as the hash."""

