@@ -66,8 +66,8 @@ def main() -> int:
         f"On these rounds: best fixed γ = {v0['best_fixed_gamma']} predicts {v0['best_fixed_predicted_speedup']}x, "
         f"the oracle length {v0['oracle_predicted_speedup']}x.",
         "",
-        "| variant | params | block ROC-AUC | fail precision | fail recall | threshold | mean draft | predicted speedup |"
-        " vs best fixed γ | share of oracle |",
+        "| variant | params | block ROC-AUC | fail precision | fail recall | threshold | mean draft |"
+        " predicted speedup | vs best fixed γ | share of oracle |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, cfg, v in rows:

@@ -380,14 +380,10 @@ def first_divergence(
     target_model: torch.nn.Module, prompt: list[int], a: list[int], b: list[int]
 ) -> Divergence | None:
     """``None`` when ``a == b``; else the first differing index with the target's top-2 logit gap there."""
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            break
-    else:
-        if len(a) == len(b):
-            return None
-        i = min(len(a), len(b))
-        return Divergence(i, a[i] if i < len(a) else -1, b[i] if i < len(b) else -1, float("nan"))
+    if a == b:
+        return None
+    i = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    x, y = (a[i] if i < len(a) else -1), (b[i] if i < len(b) else -1)  # -1: that output had ended
     logits = target_model(input_ids=torch.tensor([prompt + a[:i]])).logits[0, -1].float()
     top = torch.topk(logits, 2).values
     return Divergence(i, x, y, float(top[0] - top[1]))

@@ -3,8 +3,8 @@
 Data: the rounds recorded by ``pacer collect`` (every round drafted ``max_draft`` tokens). Split: by prompt, seeded
 (``val_frac`` of the prompts held out). Loss: class-weighted binary cross-entropy (each class weighs half of the
 total), for PACER on both the per-token conditional labels (token accepted given its prefix was, over ``cond_valid``)
-and the block labels (the block's last token's ``accepted``: the block and all before it accepted); for the SpecDec++ head on the conditional per-token label over the
-tokens whose prefix was accepted (``cond_valid``).
+and the block labels (the block's last token's ``accepted``: the block and all before it accepted); for the
+SpecDec++ head on the conditional per-token label over the tokens whose prefix was accepted (``cond_valid``).
 
 Threshold (and block size) are chosen to maximise the *throughput predicted by a cost model from measured costs*:
 on the validation rounds, a policy with threshold θ drafts ``L(θ)`` tokens in a round whose fixed-length draft had
