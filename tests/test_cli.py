@@ -13,6 +13,7 @@ import pytest
 
 from pacer import models
 from pacer.cli import main
+from pacer.decoding import Divergence
 from pacer.models import GgufSpec
 from pacer.tiny import save_tiny_pair, tiny_tokenizer
 
@@ -147,10 +148,32 @@ def test_demo_reports_a_difference(capsys, pair, monkeypatch):
         return res
 
     monkeypatch.setattr(Decoder, "generate", altered)
+    monkeypatch.setattr(Divergence, "near_tie", property(lambda self: True))
     rc, out, err = run(capsys, pair, "demo", "--max-new-tokens", "6")
     assert rc == 0, err
     assert out.count("DIFFERS from plain decoding at token 5 (target top-2 logit gap ") == 3
     assert "outputs identical: 0/3" in out
+
+
+def test_demo_fails_on_a_difference_that_is_not_a_near_tie(capsys, pair, monkeypatch):
+    """A difference where the target was not near a tie is a real losslessness failure: exit 1, said last."""
+    from pacer.api import Decoder
+
+    real = Decoder.generate
+
+    def altered(self, prompt, method="sd", *args, **kwargs):
+        res = real(self, prompt, method, *args, **kwargs)
+        if method != "ar" and len(res.token_ids) == 6:
+            res.token_ids[-1] = (res.token_ids[-1] + 1) % 256
+        return res
+
+    monkeypatch.setattr(Decoder, "generate", altered)
+    monkeypatch.setattr(Divergence, "near_tie", property(lambda self: False))
+    rc, out, err = run(capsys, pair, "demo", "--max-new-tokens", "6")
+    assert rc == 1, err
+    assert out.count("NOT a near-tie") == 3
+    last = out.strip().splitlines()[-1]
+    assert "outputs identical: 0/3" in last and "FAILED: 3 output(s)" in last
 
 
 # ------------------------------------------------------------------------------------------------ bad input

@@ -154,7 +154,10 @@ DEMO_PROMPTS = [
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """The main job: a few prompts with plain and speculative decoding, interleaved, with the speedup."""
+    """The main job: a few prompts with plain and speculative decoding, interleaved, with the speedup.
+
+    Exits 1 when an output differs from plain decoding and the target's top-2 logit gap at the first difference
+    is not a near-tie (a real losslessness failure); 0 otherwise."""
     from .api import Decoder
 
     check_args(args)
@@ -177,6 +180,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(ar.stats.summary())
         print(sd.stats.summary())
         note = "identical to plain decoding" if same else "DIFFERS from plain decoding"
+        real_diff = False
         if not same:
             from .decoding import first_divergence
 
@@ -184,15 +188,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
             dv = first_divergence(dec.target.model, ids, ar.token_ids, sd.token_ids)
             note += f" at token {dv.index} (target top-2 logit gap {dv.top2_gap:.3f}: " \
                     f"{'a bf16 near-tie' if dv.near_tie else 'NOT a near-tie'})"
-        speed = sd.stats.tokens_per_s / ar.stats.tokens_per_s
+            real_diff = not dv.near_tie
+        speed = sd.stats.tokens_per_s / ar.stats.tokens_per_s if ar.stats.tokens_per_s > 0 else 0.0
         print(f"=> speedup {speed:.2f}x, {note}\n")
-        rows.append((speed, same))
+        rows.append((speed, same, real_diff))
     import statistics
 
     median = statistics.median(r[0] for r in rows)
+    real = sum(r[2] for r in rows)
+    verdict = f"; FAILED: {real} output(s) differ from plain decoding where the target was NOT near a tie" \
+        if real else ""
     print(f"median speedup of {args.method} over plain decoding: {median:.2f}x; "
-          f"outputs identical: {sum(r[1] for r in rows)}/{len(rows)}")
-    return 0
+          f"outputs identical: {sum(r[1] for r in rows)}/{len(rows)}{verdict}")
+    return 1 if real else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
