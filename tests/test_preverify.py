@@ -92,6 +92,12 @@ def test_collect_then_train_then_load_on_tiny_models(tmp_path, close, monkeypatc
     data, manifest = load_dataset(tmp_path / "data")
     assert data["hidden"].shape[1] == 128 and set(data["accepted"].unique().tolist()) <= {0, 1}
     assert len(data["round"].unique()) == m2["rounds"]
+    # two collections (e.g. made in parallel with different skips) load as one, ids kept unique
+    m3 = collect(close, tmp_path / "data_b", n_prompts=2, max_new_tokens=12, spec=spec, shard_size=2, skip=6,
+                 progress=False)
+    both, mb = load_dataset(f"{tmp_path / 'data'},{tmp_path / 'data_b'}")
+    assert len(both["round"].unique()) == m2["rounds"] + m3["rounds"] and mb["prompts_done"] == 8
+    assert len(both["prompt"].unique()) == 8
     manifest["costs"] = COSTS.to_dict()
     (tmp_path / "data" / "manifest.json").write_text(json.dumps(manifest))
     cfg = train(tmp_path / "data", tmp_path / "ckpt", "pacer", block=2, epochs=2, log=None)

@@ -105,6 +105,8 @@ def method_stats(records: list[dict], method: str, baseline: str = "ar") -> dict
         "tau": sum(acc) / len(acc) if acc else None,
         "acceptance_rate": (sum(acc) - len(acc)) / sum(dl) if sum(dl) else None,
         "mean_draft_length": sum(dl) / len(dl) if dl else None,
+        # drafted but rejected, per round (acc counts the bonus token, hence len(acc) below)
+        "wasted_per_round": (sum(dl) - (sum(acc) - len(acc))) / len(dl) if dl else None,
         "rounds": len(acc),
         "new_tokens": new_tokens,
         "wall_time": wall,

@@ -129,15 +129,15 @@ def markdown(summary: dict, meta: dict) -> str:
     overall = summary["groups"].get(OVERALL, {})
     L.append("## Overall\n")
     L.append("| method | speedup | spread over repeats (sd, min-max) | median per-question ratio | tok/s "
-             "| τ | acceptance | mean draft | questions | lossless |")
-    L.append("|---|---|---|---|---|---|---|---|---|---|")
+             "| τ | acceptance | mean draft | wasted draft / round | questions | lossless |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for m, s in overall.items():
         spread = "-" if s["speedup"] is None or len(s["speedup_per_repeat"]) < 2 else (
             f"±{s['speedup_std']:.2f} ({s['speedup_min']:.2f}-{s['speedup_max']:.2f})")
         lossless = "baseline" if m == "ar" else f"{s['lossless_identical']}/{s['lossless_checked']}"
         L.append(f"| {m} | {_f(s['speedup'])}x | {spread} | {_f(s['median_ratio'])}x | "
                  f"{_f(s['tokens_per_s'])} | {_f(s['tau'])} | {_f(s['acceptance_rate'], '.1%')} | "
-                 f"{_f(s['mean_draft_length'])} | {s['questions']} | {lossless} |")
+                 f"{_f(s['mean_draft_length'])} | {_f(s.get('wasted_per_round'))} | {s['questions']} | {lossless} |")
     L.append("")
     others = [g for g in summary["groups"] if g != OVERALL]
     if others:

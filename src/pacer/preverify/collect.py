@@ -155,15 +155,36 @@ def load_prompts(decoder, n: int, seed: int, skip: int = 0, max_prompt_tokens: i
     return out
 
 
-def load_dataset(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
-    """Concatenate a collection's shards; returns the tensors and the manifest."""
-    folder = Path(folder)
-    mpath = folder / "manifest.json"
-    if not mpath.exists():
-        raise PacerError(f"{folder} has no manifest.json; run `pacer collect --out {folder}` first")
-    manifest = json.loads(mpath.read_text())
-    parts = [load_file(str(folder / s)) for s in manifest["shards"]]
-    if not parts:
-        raise PacerError(f"{folder} holds no data shards yet")
-    data = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+def load_dataset(folder: Path | str) -> tuple[dict[str, torch.Tensor], dict]:
+    """Concatenate a collection's shards; returns the tensors and the manifest.
+
+    ``folder`` may name several collections separated by commas (e.g. made in parallel with different ``skip``);
+    they must share models and feature spec; round and prompt ids are offset so that they stay unique.
+    """
+    folders = [Path(f) for f in str(folder).split(",") if f]
+    datas, manifests = [], []
+    for f in folders:
+        mpath = f / "manifest.json"
+        if not mpath.exists():
+            raise PacerError(f"{f} has no manifest.json; run `pacer collect --out {f}` first")
+        manifest = json.loads(mpath.read_text())
+        parts = [load_file(str(f / s)) for s in manifest["shards"]]
+        if not parts:
+            raise PacerError(f"{f} holds no data shards yet")
+        datas.append({k: torch.cat([p[k] for p in parts]) for k in parts[0]})
+        manifests.append(manifest)
+    first = manifests[0]
+    for f, m in zip(folders[1:], manifests[1:], strict=True):
+        if any(m.get(k) != first.get(k) for k in ("target", "draft", "feature_spec")):
+            raise PacerError(f"{f} was collected with other models or features than {folders[0]}")
+    round_off = prompt_off = 0
+    for d in datas:
+        d["round"] = d["round"] + round_off
+        d["prompt"] = d["prompt"] + prompt_off
+        round_off = int(d["round"].max()) + 1
+        prompt_off = int(d["prompt"].max()) + 1
+    data = {k: torch.cat([d[k] for d in datas]) for k in datas[0]}
+    manifest = dict(first)
+    manifest["prompts_done"] = sum(m["prompts_done"] for m in manifests)
+    manifest["collections"] = [str(f) for f in folders]
     return data, manifest
