@@ -135,8 +135,8 @@ def test_demo_on_tiny_pair(capsys, pair):
     assert "outputs identical: 3/3" in out
 
 
-def test_demo_reports_a_difference(capsys, pair, monkeypatch):
-    """When an SD output differs (a bf16 near-tie can do that), the demo says where and how close it was."""
+def alter_sd_outputs(monkeypatch, near_tie: bool) -> None:
+    """Makes every 6-token SD output differ from plain decoding in its last token, scored as a near-tie or not."""
     from pacer.api import Decoder
 
     real = Decoder.generate
@@ -148,7 +148,12 @@ def test_demo_reports_a_difference(capsys, pair, monkeypatch):
         return res
 
     monkeypatch.setattr(Decoder, "generate", altered)
-    monkeypatch.setattr(Divergence, "near_tie", property(lambda self: True))
+    monkeypatch.setattr(Divergence, "near_tie", property(lambda self: near_tie))
+
+
+def test_demo_reports_a_difference(capsys, pair, monkeypatch):
+    """When an SD output differs (a bf16 near-tie can do that), the demo says where and how close it was."""
+    alter_sd_outputs(monkeypatch, near_tie=True)
     rc, out, err = run(capsys, pair, "demo", "--max-new-tokens", "6")
     assert rc == 0, err
     assert out.count("DIFFERS from plain decoding at token 5 (target top-2 logit gap ") == 3
@@ -157,18 +162,7 @@ def test_demo_reports_a_difference(capsys, pair, monkeypatch):
 
 def test_demo_fails_on_a_difference_that_is_not_a_near_tie(capsys, pair, monkeypatch):
     """A difference where the target was not near a tie is a real losslessness failure: exit 1, said last."""
-    from pacer.api import Decoder
-
-    real = Decoder.generate
-
-    def altered(self, prompt, method="sd", *args, **kwargs):
-        res = real(self, prompt, method, *args, **kwargs)
-        if method != "ar" and len(res.token_ids) == 6:
-            res.token_ids[-1] = (res.token_ids[-1] + 1) % 256
-        return res
-
-    monkeypatch.setattr(Decoder, "generate", altered)
-    monkeypatch.setattr(Divergence, "near_tie", property(lambda self: False))
+    alter_sd_outputs(monkeypatch, near_tie=False)
     rc, out, err = run(capsys, pair, "demo", "--max-new-tokens", "6")
     assert rc == 1, err
     assert out.count("NOT a near-tie") == 3
