@@ -23,11 +23,10 @@ VARIANTS = [
     ("b=2", dict(block=2)),
     ("b=4", dict(block=4)),
     ("b=8", dict(block=8)),
-    ("b=4, last layer only", dict(block=4, hidden_layers=(-1,))),
-    ("b=4, middle layer only", dict(block=4, hidden_layers=(-13,))),
-    ("b=4, unweighted loss", dict(block=4, weighted=False)),
-    ("b=4, block labels only", dict(block=4, token_weight=0.0)),
     ("b=2, last layer only", dict(block=2, hidden_layers=(-1,))),
+    ("b=2, middle layer only", dict(block=2, hidden_layers=(-13,))),
+    ("b=2, unweighted loss", dict(block=2, weighted=False)),
+    ("b=2, block labels only", dict(block=2, token_weight=0.0)),
     ("SpecDec++ per-token head", dict(kind="specdecpp")),
 ]
 
@@ -37,7 +36,7 @@ def main() -> int:
     ap.add_argument("--data", required=True)
     ap.add_argument("--costs", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--epochs", type=int, default=30)
+    ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--ckpts", default="runs/ablation")
     args = ap.parse_args()
     costs = Costs.from_dict(json.loads(Path(args.costs).read_text()))

@@ -26,7 +26,8 @@ def cmd_collect(args) -> int:
         raise PacerError("--n, --max-new-tokens and --max-draft must be >= 1")
     dec = Decoder.from_pretrained(args.target, args.draft, args.dtype, args.threads)
     spec = FeatureSpec(args.layers, int(dec.draft_info.model.config.hidden_size), args.max_draft)
-    manifest = collect(dec, Path(args.out), args.n, args.max_new_tokens, spec, args.seed, args.shard_size)
+    manifest = collect(dec, Path(args.out), args.n, args.max_new_tokens, spec, args.seed, args.shard_size,
+                       args.skip)
     if "costs" not in manifest:
         from ..models import atomic_write_text
 
@@ -85,15 +86,17 @@ def register(sub, add_model_args, add_decoding_args) -> None:
     c.add_argument("--layers", type=_layers, default=(-13, -1), help="draft hidden-state layers, e.g. -13,-1")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--shard-size", type=int, default=4, help="prompts per shard")
+    c.add_argument("--skip", type=int, default=0,
+                   help="skip this many shuffled ShareGPT conversations first (parallel collections into other --out)")
     add_model_args(c)
     c.set_defaults(func=cmd_collect)
 
     t = sub.add_parser("train", help="train the pre-verification layer (or the SpecDec++ head)")
-    t.add_argument("--data", required=True, help="folder made by pacer collect")
+    t.add_argument("--data", required=True, help="folder(s) made by pacer collect, comma-separated")
     t.add_argument("--out", required=True, help="checkpoint folder")
     t.add_argument("--kind", choices=["pacer", "specdecpp"], default="pacer")
     t.add_argument("--block", type=int, default=4, help="block size b")
-    t.add_argument("--epochs", type=int, default=30)
+    t.add_argument("--epochs", type=int, default=20)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--val-frac", type=float, default=0.2)
     t.add_argument("--d", type=int, default=64, help="width of the layer")

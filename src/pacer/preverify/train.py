@@ -313,7 +313,7 @@ def save_checkpoint(out: Path, kind: str, model: nn.Module, mu, sd, config: dict
     atomic_write_text(out / "config.json", json.dumps(config, indent=2) + "\n")
 
 
-def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs: int = 30, seed: int = 0,
+def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs: int = 20, seed: int = 0,
           val_frac: float = 0.2, costs: Costs | None = None, min_draft: int = 1, d: int = 64,
           hidden_layers: tuple[int, ...] | None = None, log=print, weighted: bool = True,
           token_weight: float = 0.5) -> dict:
