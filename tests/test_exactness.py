@@ -147,3 +147,13 @@ def test_stats_definitions(pairs):
 
 def test_fixed_policy_bounds():
     assert FixedPolicy(3).max_draft == 3
+
+
+def test_output_cut_by_the_context_window_says_context(close):
+    ids = close.encode(PROMPTS[0])
+    ids = (ids * (close.target.context // len(ids) + 1))[: close.target.context - 3]
+    for method in ("ar", "sd"):
+        res = close.generate(ids, method, max_new_tokens=10)
+        if res.stats.finish_reason != "eos":
+            assert len(res.token_ids) == 3 and res.stats.finish_reason == "context"
+    assert close.generate(PROMPTS[0], "sd", max_new_tokens=3).stats.finish_reason in ("length", "eos")

@@ -175,7 +175,9 @@ class Decoder:
                 if hasattr(drafter, "report"):
                     extra["drafter"] = drafter.report()
         stats.new_tokens = len(out.ids)
-        stats.finish_reason = out.finish_reason or "context"
+        # a budget cut short by the context window ends as "length" inside Output; report it as "context"
+        cut = out.finish_reason == "length" and budget < max_new_tokens
+        stats.finish_reason = "context" if cut else out.finish_reason
         text = self.decode(out.ids, stop)
         return GenerationResult(text, list(out.ids), stats, extra)
 
