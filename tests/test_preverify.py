@@ -144,6 +144,15 @@ def test_pacer_drafts_in_whole_blocks(pairs):
     assert set(res.stats.draft_lengths[:-1]) == {4}
 
 
+def test_specdecpp_survival_restarts_every_round(pairs):
+    """Each round's stop rule uses only that round's tokens: with σ = 0.8 per token and threshold 0.5 every round
+    drafts 4 tokens (1 - 0.8^4 > 0.5), not 4 in the first round and 1 ever after."""
+    pol = random_policy("specdecpp", threshold=0.5)
+    pol.model = lambda h, s: torch.full(h.shape[:1], float(torch.logit(torch.tensor(0.8))))
+    res = pairs["same"].generate("hello world", "specdecpp", max_new_tokens=40, policy=pol)
+    assert res.stats.draft_lengths[:-1] and set(res.stats.draft_lengths[:-1]) == {4}
+
+
 def test_learned_policy_sampling_is_seeded(close):
     s = SamplingConfig(temperature=0.9, seed=3)
     a = close.generate("abc", "pacer", max_new_tokens=20, sampling=s, policy=random_policy("pacer"))

@@ -93,9 +93,10 @@ class _LearnedPolicy(DraftPolicy):
     def update(self, state: DraftState, result: RoundResult) -> None:
         self.hist.update(result.drafted, result.accepted)
 
-    def inputs(self, state: DraftState) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = torch.stack(state.hidden)[:, : self.spec.hidden_dim].float()
-        scalars = (scalar_features(state, self.spec, self.hist) - self.mu) / self.sd
+    def inputs(self, state: DraftState, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hidden states ``[n - start, D]`` and normalised scalars ``[n - start, S]`` of tokens ``start..n-1``."""
+        hidden = torch.stack(state.hidden[start:])[:, : self.spec.hidden_dim].float()
+        scalars = (scalar_features(state, self.spec, self.hist, start) - self.mu) / self.sd
         return hidden, scalars
 
 
@@ -126,21 +127,33 @@ class PacerPolicy(_LearnedPolicy):
 class SpecDecPPPolicy(_LearnedPolicy):
     name = "specdecpp"
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.new_round()
+
+    def new_round(self) -> None:
+        """``survive`` = Π σ over this round's first ``scored`` draft tokens."""
+        self.survive, self.scored = 1.0, 0
+
     def reset(self) -> None:
         super().reset()
-        self.survive = 1.0
+        self.new_round()
+
+    def update(self, state: DraftState, result: RoundResult) -> None:
+        super().update(state, result)
+        self.new_round()  # the loop asks from ``min_draft`` on, so ``n == 0`` cannot mark a round's start
 
     @torch.inference_mode()
     def should_continue(self, state: DraftState) -> bool:
         if state.n == 0:
-            self.survive = 1.0
             return True
         if state.n > self.spec.max_draft:
             return False
         self.checks += 1
-        h, s = self.inputs(state)
-        p = float(torch.sigmoid(self.model(h[-1:], s[-1:]))[0])
-        self.survive *= p
+        # score every token not scored yet (tokens below min_draft too, as the offline evaluation does)
+        h, s = self.inputs(state, self.scored)
+        self.survive *= float(torch.sigmoid(self.model(h, s)).prod())
+        self.scored = state.n
         return 1.0 - self.survive <= self.threshold
 
 
