@@ -44,8 +44,6 @@ rollback a plain crop.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 import weakref
 from collections import Counter, OrderedDict
@@ -55,6 +53,7 @@ import torch
 
 from .decoding import Draft, TokenDrafter, token_features
 from .errors import PacerError
+from .models import atomic_write_text
 from .policies import DraftState
 
 SOURCES = ("prompt", "output", "verify", "lookahead")
@@ -147,19 +146,10 @@ class PhrasePool:
     # ------------------------------------------------------------------------------------------------ files
     def save(self, path: Path | str, vocab: int) -> None:
         """Write the pool as JSON, atomically (temporary file in the same folder, then rename)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         entries = [[list(k), list(c), s] for (k, c), (s, _) in self.entries.items()]
         data = {"format": "pacer-phrase-pool", "version": 1, "vocab": vocab, "ngram": self.ngram,
                 "key_len": self.key_len, "entries": entries}
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, separators=(",", ":"))
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write_text(Path(path), json.dumps(data, separators=(",", ":")))
 
     def load(self, path: Path | str, vocab: int) -> int:
         """Add the entries of a saved pool (as made by an earlier generation); returns how many were read."""
