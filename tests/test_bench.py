@@ -111,6 +111,13 @@ def test_parse_methods():
             parse_methods(bad)
 
 
+def test_drafter_options_only_for_phrase_methods():
+    assert parse_methods("ouroboros:ngram=4")[1].generate_kwargs() == {"drafter_opts": {"ngram": 4}}
+    for bad in ("sd:ngram=4", "heuristic:candidates=1", "pacer:pool_size=10"):
+        with pytest.raises(PacerError, match="is an option of ouroboros, pacer\\+ouroboros only"):
+            parse_methods(bad)
+
+
 def test_unknown_method_is_one_clear_line(tmp_path, capsys):
     assert main(["bench", "--quick", "--methods", "ar,warp-drive", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()

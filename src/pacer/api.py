@@ -98,19 +98,23 @@ class Decoder:
                     **opts) -> DraftPolicy:
         """The draft-length policy behind ``method`` with its options (e.g. ``threshold``)."""
         bounds = {k: v for k, v in (("min_draft", min_draft), ("max_draft", max_draft)) if v is not None}
-        if method == "sd":
-            return POLICIES["sd"](gamma=gamma, **bounds)
-        if method == "heuristic":
-            return POLICIES["heuristic"](gamma=opts.pop("initial", gamma), **bounds, **opts)
-        if method in ("confidence", "entropy", "oracle"):
-            return POLICIES[method](**bounds, **opts)
         if method in ("pacer", "specdecpp", "pacer+ouroboros"):
             from .preverify.policy import load_policy
 
             return load_policy(self, "specdecpp" if method == "specdecpp" else "pacer", bounds, opts)
-        if method == "ouroboros":
+        if method not in METHODS or method == "ar":
+            raise PacerError(f"unknown method '{method}'; choose one of {', '.join(METHODS)}")
+        known = {"heuristic": ("initial",), "confidence": ("threshold",), "entropy": ("threshold",),
+                 "oracle": ("agree",)}.get(method, ())
+        bad = [k for k in opts if k not in known]
+        if bad:  # a policy would otherwise fail with a TypeError or (sd, ouroboros) silently ignore them
+            raise PacerError(f"method '{method}' takes no option {', '.join(map(repr, bad))}"
+                             + (f" (it takes: {', '.join(known)})" if known else ""))
+        if method in ("sd", "ouroboros"):
             return POLICIES["sd"](gamma=gamma, **bounds)
-        raise PacerError(f"unknown method '{method}'; choose one of {', '.join(METHODS)}")
+        if method == "heuristic":
+            return POLICIES["heuristic"](gamma=opts.pop("initial", gamma), **bounds, **opts)
+        return POLICIES[method](**bounds, **opts)
 
     def make_drafter(self, method: str, **opts) -> Drafter:
         if self.draft_info is None:
@@ -121,6 +125,9 @@ class Decoder:
             # each method keeps its own warm-start pool, so one method never sees another's output of a prompt
             opts.setdefault("pool_tag", method)
             return PhraseDrafter(self.draft_info.model, self.vocab, **opts)
+        if opts:
+            raise PacerError(f"method '{method}' drafts token by token and takes no drafter option "
+                             f"{', '.join(map(repr, opts))} (those are for ouroboros, pacer+ouroboros)")
         return TokenDrafter(self.draft_info.model, self.vocab)
 
     # ------------------------------------------------------------------------------------------- generation

@@ -22,6 +22,8 @@ HF_KEYS = {"schedule": "num_assistant_tokens_schedule", "tokens": "num_assistant
            "threshold": "assistant_confidence_threshold"}
 HF_SCHEDULES = ("constant", "heuristic", "heuristic_transient")
 DRAFTER_KEYS = ("ngram", "pool_size", "candidates")
+#: methods that draft phrase by phrase and take ``DRAFTER_KEYS``
+PHRASE_METHODS = ("ouroboros", "pacer+ouroboros")
 ALIASES = {"min": "min_draft", "max": "max_draft", "pool-size": "pool_size"}
 #: methods whose policy takes only gamma and the bounds (make_policy would silently ignore other options)
 NO_POLICY_OPTS = ("sd", "ouroboros")
@@ -106,6 +108,8 @@ def _check(name: str, opts: list[tuple[str, object]], raw: str) -> None:
             raise PacerError(f"method '{raw}': {k} must be a non-negative integer, got {v!r}")
         if k == "gamma" and v == 0:
             raise PacerError(f"method '{raw}': gamma must be >= 1")
+        if k in DRAFTER_KEYS and name not in PHRASE_METHODS:
+            raise PacerError(f"method '{raw}': {k} is an option of {', '.join(PHRASE_METHODS)} only")
         if name in NO_POLICY_OPTS and k not in ("gamma", "min_draft", "max_draft", *DRAFTER_KEYS):
             raise PacerError(f"method '{raw}': {name} takes gamma, min, max only, not '{k}'")
 
