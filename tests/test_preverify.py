@@ -186,3 +186,20 @@ def test_layer_is_light():
     spec = FeatureSpec()
     m = PreVerifier(spec.hidden_dim, len(spec.scalar_names), 4, 64, max_draft=16)
     assert param_count(m) < 200_000
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["train", "--data", "d", "--out", "o", "--costs", "{tmp}/missing.json"], "cannot read costs file"),
+    (["train", "--data", "d", "--out", "o", "--costs", "{tmp}/bad.json"], "is not a costs JSON"),
+    (["tune", "--checkpoint", "c", "--data", "d", "--costs", "{tmp}/bad.json"], "is not a costs JSON"),
+    (["tune", "--checkpoint", "c", "--measure-costs", "{tmp}/m.json", "--target", "{tmp}/none"], "needs --data"),
+    (["tune", "--checkpoint", "c", "--data", "d"], "needs --costs FILE or --measure-costs FILE"),
+])
+def test_train_and_tune_bad_input_is_one_line(tmp_path, capsys, argv, needle):
+    from pacer.cli import main
+
+    (tmp_path / "bad.json").write_text('{"draft": 1}')
+    rc = main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("pacer: error: ") and needle in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "m.json").exists()

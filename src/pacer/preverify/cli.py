@@ -16,6 +16,19 @@ def _layers(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"layers must be comma-separated integers, got '{text}'") from e
 
 
+def read_costs(path: str):
+    """The costs JSON written by ``pacer tune --measure-costs``; a bad file is a one-line error."""
+    from .train import Costs
+
+    try:
+        return Costs.from_dict(json.loads(Path(path).read_text()))
+    except OSError as e:
+        raise PacerError(f"cannot read costs file {path}: {e.strerror or e}") from e
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
+        raise PacerError(f"costs file {path} is not a costs JSON (make one with pacer tune --measure-costs): "
+                         f"{type(e).__name__}: {e}") from e
+
+
 def cmd_collect(args) -> int:
     from ..api import Decoder
     from .collect import collect
@@ -39,9 +52,9 @@ def cmd_collect(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from .train import Costs, train
+    from .train import train
 
-    costs = Costs.from_dict(json.loads(Path(args.costs).read_text())) if args.costs else None
+    costs = read_costs(args.costs) if args.costs else None
     cfg = train(Path(args.data), Path(args.out), args.kind, args.block, args.epochs, args.seed, args.val_frac,
                 costs, args.min_draft, args.d, args.layers)
     v = cfg["validation"]
@@ -51,8 +64,16 @@ def cmd_train(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    from .train import Costs, measure_costs, retune
+    from .train import measure_costs, retune
 
+    # every bad combination fails before the (slow) model loading and cost measurement
+    if not args.checkpoint and not args.measure_costs:
+        raise PacerError("pacer tune: pass --measure-costs FILE and/or --checkpoint CKPT --data DIR")
+    if args.checkpoint and not args.data:
+        raise PacerError("pacer tune --checkpoint needs --data (the collected rounds to tune on)")
+    if args.checkpoint and not args.measure_costs and not args.costs:
+        raise PacerError("pacer tune --checkpoint needs --costs FILE or --measure-costs FILE")
+    costs = read_costs(args.costs) if args.checkpoint and not args.measure_costs else None
     if args.measure_costs:
         from ..api import Decoder
         from ..models import atomic_write_text
@@ -62,18 +83,8 @@ def cmd_tune(args) -> int:
         atomic_write_text(Path(args.measure_costs), json.dumps(costs.to_dict(), indent=2) + "\n")
         print(json.dumps(costs.to_dict(), indent=2))
     if args.checkpoint:
-        if not args.data:
-            raise PacerError("pacer tune --checkpoint needs --data (the collected rounds to tune on)")
-        if args.measure_costs:
-            pass
-        elif args.costs:
-            costs = Costs.from_dict(json.loads(Path(args.costs).read_text()))
-        else:
-            raise PacerError("pacer tune --checkpoint needs --costs FILE or --measure-costs FILE")
         cfg = retune(Path(args.checkpoint), Path(args.data), costs, args.min_draft)
         print(f"threshold {cfg['threshold']} (predicted speedup {cfg['validation']['predicted_speedup']}x)")
-    if not args.checkpoint and not args.measure_costs:
-        raise PacerError("pacer tune: pass --measure-costs FILE and/or --checkpoint CKPT --data DIR")
     return 0
 
 
