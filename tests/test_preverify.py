@@ -203,3 +203,11 @@ def test_train_and_tune_bad_input_is_one_line(tmp_path, capsys, argv, needle):
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("pacer: error: ") and needle in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "m.json").exists()
+
+
+def test_train_refuses_layers_that_were_not_recorded(tmp_path):
+    data = synthetic_collection(tmp_path / "data", rounds=20)
+    with pytest.raises(PacerError, match="--layers 5: not recorded"):
+        train(data, None, "pacer", hidden_layers=(-1, 5), log=None)
+    with pytest.raises(PacerError, match="--val-frac must be in"):
+        train(data, None, "pacer", val_frac=1.0, log=None)

@@ -322,8 +322,14 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
         raise PacerError(f"unknown kind '{kind}' (use pacer or specdecpp)")
     if block not in (1, 2, 4, 8, 16):
         raise PacerError(f"--block must be one of 1, 2, 4, 8, 16, got {block}")
+    if not 0.0 < val_frac < 1.0 or epochs < 1:
+        raise PacerError(f"--val-frac must be in (0, 1) and --epochs >= 1, got {val_frac} and {epochs}")
     data, manifest = load_dataset(data_dir)
     spec = FeatureSpec.from_dict(manifest["feature_spec"])
+    missing = [L for L in hidden_layers or () if L not in spec.hidden_layers]
+    if missing:
+        raise PacerError(f"--layers {','.join(map(str, missing))}: not recorded in {data_dir} (recorded: "
+                         f"{','.join(map(str, spec.hidden_layers))})")
     if costs is None:
         if "costs" not in manifest:
             raise PacerError("no measured costs: pass --costs FILE (made by `pacer tune --measure-costs`)")
