@@ -156,7 +156,9 @@ class Drafter:
         """The committed sequence now has ``keep`` tokens that the drafter may have cached; drop the rest."""
 
     def observe(self, tokens: list[int], target_argmax: list[int], accepted: int) -> None:
-        """Sees the target's argmax over ``[pending..., d_1..d_γ]`` after verification (phrase pools use it)."""
+        """After verification: ``target_argmax[i]`` (``0 <= i <= γ``) is the target's greedy token after
+        ``tokens + d_1..d_i`` (``γ + 1`` entries; branch rows are not included), ``accepted`` is ``n``. Phrase
+        pools learn from it; the default does nothing."""
 
 
 def token_features(q: torch.Tensor, x: int, state: DraftState) -> None:
