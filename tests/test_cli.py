@@ -280,3 +280,9 @@ def test_console_entry_point_exit_status(pair):
 def test_options_a_method_does_not_take_are_refused(capsys, pair, args, needle):
     rc, out, err = run(capsys, pair, "generate", PROMPT, "--max-new-tokens", "4", *args)
     assert rc == 2 and err.startswith("pacer: error: ") and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_demo_refuses_sampling_flags_it_would_ignore(capsys, pair):
+    rc, out, err = run(capsys, pair, "demo", "--temperature", "0.7", "--stop", "x")
+    assert rc == 2 and err.startswith("pacer: error: pacer demo decodes greedily") and "--temperature, --stop" in err
+    assert out == ""

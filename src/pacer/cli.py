@@ -161,6 +161,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .api import Decoder
 
     check_args(args)
+    ignored = [flag for flag, used in (("--temperature", args.temperature != 0.0), ("--top-k", args.top_k != 0),
+                                       ("--top-p", args.top_p != 1.0), ("--seed", args.seed != 0),
+                                       ("--stop", bool(args.stop)), ("--chat", args.chat)) if used]
+    if ignored:
+        raise PacerError(f"pacer demo decodes greedily on its own prompts and takes no {', '.join(ignored)}; "
+                         f"use pacer generate for that")
     dec = Decoder.from_pretrained(args.target, args.draft, args.dtype, args.threads)
     print(f"pacer demo: target {args.target}, draft {args.draft}, {args.dtype}, {dec.threads} threads, "
           f"method {args.method}, {args.max_new_tokens} new tokens per prompt\n")
