@@ -166,7 +166,8 @@ def make_learned_policy(kind: str, path: Path | str | None, draft_fingerprint: s
     cls = PacerPolicy if kind == "pacer" else SpecDecPPPolicy
     extra = {"block": opts.pop("block")} if kind == "pacer" and "block" in opts else {}
     if opts:
-        raise PacerError(f"unknown {kind} option(s): {', '.join(opts)} (known: threshold, path, block)")
+        known = "threshold, path, block" if kind == "pacer" else "threshold, path"
+        raise PacerError(f"unknown {kind} option(s): {', '.join(opts)} (known: {known})")
     return cls(model, mu, sd, cfg, **bounds, **extra)
 
 
