@@ -86,36 +86,8 @@ def test_generate_reads_stdin(capsys, pair, monkeypatch):
 def test_generate_chat_sampling_and_stop(capsys, pair):
     chat = gen_json(capsys, pair, PROMPT, "--chat", "--max-new-tokens", "8")
     assert chat["stats"]["prompt_tokens"] > len(PROMPT)
-    s1 = gen_json(
-        capsys,
-        pair,
-        PROMPT,
-        "--temperature",
-        "0.9",
-        "--top-k",
-        "40",
-        "--top-p",
-        "0.95",
-        "--seed",
-        "3",
-        "--max-new-tokens",
-        "12",
-    )
-    s2 = gen_json(
-        capsys,
-        pair,
-        PROMPT,
-        "--temperature",
-        "0.9",
-        "--top-k",
-        "40",
-        "--top-p",
-        "0.95",
-        "--seed",
-        "3",
-        "--max-new-tokens",
-        "12",
-    )
+    sampling = ["--temperature", "0.9", "--top-k", "40", "--top-p", "0.95", "--seed", "3", "--max-new-tokens", "12"]
+    s1, s2 = (gen_json(capsys, pair, PROMPT, *sampling) for _ in range(2))  # the same seed twice
     assert s1["token_ids"] == s2["token_ids"]
     # a stop string from the middle of the output: text ends before it, streamed text equals the JSON text
     full = gen_json(capsys, pair, PROMPT, "--max-new-tokens", "30")["text"]
