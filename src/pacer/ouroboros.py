@@ -300,9 +300,9 @@ class PhraseDrafter(TokenDrafter):
             key, phrase = found[0] if found else ((), ())
             phrase = list(phrase[: room - 1])
             start = self.model.length + len(pending)  # cache length once pending is in
-            logits, hidden = self.model.forward(pending + phrase, hidden=layers is not None)
+            logits, hidden = self.model.forward(pending + phrase, hidden=layers is not None, keep=len(phrase) + 1)
             forwards += 1
-            rows = logits[len(pending) - 1 :]  # row j predicts the token after phrase[:j]
+            rows = logits  # row j predicts the token after phrase[:j]
             q = torch.softmax(self.align(rows), -1)
             guess = q.argmax(-1).tolist()
             k = 0
