@@ -345,6 +345,8 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
     t0 = time.perf_counter()
     model, mu, sd = fit(kind, tr, block, epochs, seed, d=d, log=log, weighted=weighted, token_weight=token_weight)
     secs = time.perf_counter() - t0
+    check = check_cost(kind, model, spec)
+    costs = Costs(costs.draft, costs.target, check)
     report = evaluate(kind, model, va, mu, sd, block, costs, min_draft)
     cfg = {
         "format": "pacer-preverifier/1",
@@ -352,6 +354,8 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
         "block": block if kind == "pacer" else 1,
         "d": d,
         "params": param_count(model),
+        "check_seconds": check,
+        "check_cost_vs_draft_token": round(check / costs.draft, 5),
         "threshold": report["threshold"],
         "min_draft": min_draft,
         "max_draft": spec.max_draft,
@@ -368,6 +372,31 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
     if out is not None:
         save_checkpoint(out, kind, model, mu, sd, cfg)
     return cfg
+
+
+@torch.inference_mode()
+def check_cost(kind: str, model: nn.Module, spec: FeatureSpec, reps: int = 30) -> float:
+    """Median seconds of one policy check as the policy runs it: the layer over a full draft (PACER) or one
+    token (SpecDec++), plus building the scalar features."""
+    import statistics
+
+    from ..policies import DraftState
+    from .features import RoundHistory, scalar_features
+
+    m = spec.max_draft if kind == "pacer" else 1
+    state = DraftState(tokens=[0] * m, prob=[0.5] * m, top_prob=[0.6] * m, entropy=[1.0] * m)
+    h = torch.randn(m, spec.hidden_dim)
+    hist = RoundHistory()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        s = scalar_features(state, spec, hist)
+        if kind == "pacer":
+            model(h[None], s[None])
+        else:
+            model(h, s)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
 
 
 def measure_costs(decoder, context: int = 200, reps: int = 5) -> Costs:
@@ -403,6 +432,7 @@ def retune(ckpt: Path, data_dir: Path, costs: Costs, min_draft: int | None = Non
     rounds = to_rounds(data, spec.max_draft)
     _, va = split(rounds, cfg["train"]["val_frac"], cfg["train"]["seed"])
     md = cfg["min_draft"] if min_draft is None else min_draft
+    costs = Costs(costs.draft, costs.target, float(cfg.get("check_seconds", costs.policy_per_check)))
     report = evaluate(cfg["kind"], model, va, mu, sd, cfg["block"], costs, md)
     cfg.update(threshold=report["threshold"], costs=costs.to_dict(), min_draft=md,
                validation={k: v for k, v in report.items() if k != "sweep"}, sweep=report["sweep"])
