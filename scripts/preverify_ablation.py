@@ -23,10 +23,13 @@ VARIANTS = [
     ("b=2", dict(block=2)),
     ("b=4", dict(block=4)),
     ("b=8", dict(block=8)),
+    ("b=1, last layer only", dict(block=1, hidden_layers=(-1,))),
+    ("b=1, middle layer only", dict(block=1, hidden_layers=(-13,))),
+    ("b=1, unweighted loss", dict(block=1, weighted=False)),
+    ("b=1, block labels only", dict(block=1, token_weight=0.0)),
     ("b=2, last layer only", dict(block=2, hidden_layers=(-1,))),
-    ("b=2, middle layer only", dict(block=2, hidden_layers=(-13,))),
-    ("b=2, unweighted loss", dict(block=2, weighted=False)),
-    ("b=2, block labels only", dict(block=2, token_weight=0.0)),
+    ("b=1, no bottleneck/dropout (first design)", dict(block=1, rank=0, dropout=0.0, weight_decay=0.01)),
+    ("b=2, no bottleneck/dropout (first design)", dict(block=2, rank=0, dropout=0.0, weight_decay=0.01)),
     ("SpecDec++ per-token head", dict(kind="specdecpp")),
 ]
 

@@ -57,9 +57,10 @@ def load_checkpoint(path: Path | str, draft_fingerprint: str | None = None):
         raise PacerError(f"checkpoint weights {w_path} cannot be read ({e}); retrain or restore them") from e
     S = len(spec.scalar_names)
     if kind == "pacer":
-        model = PreVerifier(spec.hidden_dim, S, cfg["block"], cfg["d"], max_draft=spec.max_draft)
+        model = PreVerifier(spec.hidden_dim, S, cfg["block"], cfg["d"], max_draft=spec.max_draft,
+                            rank=cfg.get("rank", 0))
     elif kind == "specdecpp":
-        model = TokenHead(spec.hidden_dim, S, cfg["d"])
+        model = TokenHead(spec.hidden_dim, S, cfg["d"], rank=cfg.get("rank", 0))
     else:
         raise PacerError(f"checkpoint {path} has unknown kind '{kind}'")
     state = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}

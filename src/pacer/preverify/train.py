@@ -198,13 +198,16 @@ def _normaliser(r: Rounds) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def fit(kind: str, train: Rounds, block: int, epochs: int, seed: int, lr: float = 2e-3, d: int = 64,
-        log=print, weighted: bool = True, token_weight: float = 0.5) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+        log=print, weighted: bool = True, token_weight: float = 0.5, rank: int = 0, dropout: float = 0.0,
+        weight_decay: float = 1e-2) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     """Train a ``pacer`` PreVerifier or a ``specdecpp`` TokenHead; returns the model and the scalar normaliser."""
     torch.manual_seed(seed)
     mu, sd = _normaliser(train)
     D, S, M = train.hidden.shape[2], train.scalars.shape[2], train.hidden.shape[1]
-    model = PreVerifier(D, S, block, d, max_draft=M) if kind == "pacer" else TokenHead(D, S, d)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-2)
+    model = PreVerifier(D, S, block, d, max_draft=M, rank=rank, dropout=dropout) if kind == "pacer" else \
+        TokenHead(D, S, d, rank=rank, dropout=dropout)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     g = torch.Generator().manual_seed(seed)
     R = len(train)
     bs = 64
@@ -255,7 +258,7 @@ def evaluate(kind: str, model, val: Rounds, mu, sd, block: int, costs: Costs, mi
     """Validation metrics and the cost-model-optimal threshold."""
     sc = scores(kind, model, val, mu, sd)
     m, n_star = val.m.numpy(), val.n_star.numpy()
-    grid = np.unique(np.round(np.concatenate([np.linspace(0.01, 0.99, 99), [0.995, 0.998, 0.999]]), 3))
+    grid = 1 / (1 + np.exp(-np.linspace(-7, 9, 161)))  # uniform in logit space: fine near 0 and near 1
     sims = []
     for thr in grid:
         if kind == "pacer":
@@ -316,7 +319,7 @@ def save_checkpoint(out: Path, kind: str, model: nn.Module, mu, sd, config: dict
 def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs: int = 20, seed: int = 0,
           val_frac: float = 0.2, costs: Costs | None = None, min_draft: int = 1, d: int = 64,
           hidden_layers: tuple[int, ...] | None = None, log=print, weighted: bool = True,
-          token_weight: float = 0.5) -> dict:
+          token_weight: float = 0.5, rank: int = 8, dropout: float = 0.5, weight_decay: float = 0.05) -> dict:
     """Train, evaluate and save one checkpoint; returns its config (with the validation report)."""
     if kind not in ("pacer", "specdecpp"):
         raise PacerError(f"unknown kind '{kind}' (use pacer or specdecpp)")
@@ -343,7 +346,8 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
     rounds = to_rounds(data, spec.max_draft)
     tr, va = split(rounds, val_frac, seed)
     t0 = time.perf_counter()
-    model, mu, sd = fit(kind, tr, block, epochs, seed, d=d, log=log, weighted=weighted, token_weight=token_weight)
+    model, mu, sd = fit(kind, tr, block, epochs, seed, d=d, log=log, weighted=weighted, token_weight=token_weight,
+                        rank=rank, dropout=dropout, weight_decay=weight_decay)
     secs = time.perf_counter() - t0
     check = check_cost(kind, model, spec)
     costs = Costs(costs.draft, costs.target, check)
@@ -353,6 +357,7 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
         "feature_spec": spec.to_dict(),
         "block": block if kind == "pacer" else 1,
         "d": d,
+        "rank": rank,
         "params": param_count(model),
         "check_seconds": check,
         "check_cost_vs_draft_token": round(check / costs.draft, 5),
@@ -364,7 +369,7 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
         "costs": costs.to_dict(),
         "train": {"data": str(data_dir), "rounds_train": len(tr), "rounds_val": len(va), "epochs": epochs,
                   "seed": seed, "val_frac": val_frac, "seconds": round(secs, 1), "class_weighted": weighted,
-                  "token_loss_weight": token_weight,
+                  "token_loss_weight": token_weight, "dropout": dropout, "weight_decay": weight_decay,
                   "prompts": int(manifest["prompts_done"])},
         "validation": {k: v for k, v in report.items() if k != "sweep"},
         "sweep": report["sweep"],
