@@ -160,6 +160,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     is not a near-tie (a real losslessness failure); 0 otherwise."""
     from .api import Decoder
 
+    if args.method == "auto":  # PACER with the shipped pre-verifier on the default pair, plain SD on other pairs
+        args.method = "pacer" if args.draft == "default-draft" or args.preverifier else "sd"
     check_args(args)
     ignored = [flag for flag, used in (("--temperature", args.temperature != 0.0), ("--top-k", args.top_k != 0),
                                        ("--top-p", args.top_p != 1.0), ("--seed", args.seed != 0),
@@ -223,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "speedup")
     add_model_args(d)
     add_decoding_args(d)
-    d.set_defaults(func=cmd_demo, max_new_tokens=96)
+    d.set_defaults(func=cmd_demo, max_new_tokens=96, method="auto")
     for mod in ("bench", "preverify.cli"):
         try:
             module = __import__(f"pacer.{mod}", fromlist=["register"])
