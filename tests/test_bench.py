@@ -161,6 +161,18 @@ def test_selection_is_deterministic_and_stratified():
     assert r1 == r2 and [int(q.question_id) for q in r1] == sorted(int(q.question_id) for q in r1)
 
 
+def test_datasets_are_interleaved(monkeypatch):
+    import argparse
+
+    from pacer.bench import load_questions
+
+    sets = {"a": 3, "b": 1, "c": 2}
+    monkeypatch.setattr(data, "load_dataset",
+                        lambda name: [data.Question(name, str(i), "x", ("t",)) for i in range(sets[name])])
+    args = argparse.Namespace(questions=None, dataset="a,b,c", n=None, select="first", select_seed=0)
+    assert [q.key for q in load_questions(args)] == ["a/0", "b/0", "c/0", "a/1", "c/1", "a/2"]
+
+
 @pytest.mark.parametrize("name", ["humaneval", "gsm8k", "mtbench"])
 def test_packaged_datasets_load(name):
     try:

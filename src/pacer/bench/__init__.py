@@ -135,9 +135,10 @@ def load_questions(args: argparse.Namespace):
     if args.questions:
         return data.select(data.load_question_file(args.questions), args.n, args.select, args.select_seed)
     if args.dataset:
-        out = []
-        for name in [s.strip() for s in args.dataset.split(",") if s.strip()]:
-            out += data.select(data.load_dataset(name), args.n, args.select, args.select_seed)
+        # Datasets are interleaved (1st of each, 2nd of each, ...): an interrupted run still covers every dataset.
+        per_set = [data.select(data.load_dataset(name), args.n, args.select, args.select_seed)
+                   for name in [s.strip() for s in args.dataset.split(",") if s.strip()]]
+        out = [qs[i] for i in range(max(map(len, per_set), default=0)) for qs in per_set if i < len(qs)]
         if not out:
             raise PacerError("--dataset is empty")
         return out
