@@ -321,13 +321,24 @@ def test_quick_end_to_end_and_resume(tmp_path, capsys):
     # the folder is refused without --resume; with it, nothing is rerun
     assert main(argv) == 2
     assert "pass --resume" in capsys.readouterr().err
+    assert "PARTIAL RUN" not in report and "segments" not in report
     assert main([*argv, "--resume"]) == 0
     assert len(rec_io.read_answers(out / "answers.jsonl")[0]) == 3 * 6
+    meta = json.loads((out / "run.json").read_text())
+    assert len(meta["segments"]) == 2 and all(g["git_commit"] for g in meta["segments"])
+    assert "run in 2 segments" in (out / "report.md").read_text()
     # a changed pinned setting is refused on resume
     argv2 = [a if a != "8" else "9" for a in argv]
     assert main([*argv2, "--resume"]) == 2
     assert "max_new_tokens=8" in capsys.readouterr().err
     assert main(["bench", "--report-only", "--out", str(out)]) == 0
+
+
+def test_report_marks_a_partial_run(tmp_path):
+    recs = [rec("ar", "q1", [4], [1.0]), rec("sd", "q1", [4], [0.5], lossless=True)]
+    meta = {"command": "pacer bench ...", "methods": ["ar", "sd"], "questions": ["ds/q1", "ds/q2"], "repeats": 1}
+    write_report(tmp_path, recs, ["ar", "sd"], meta)
+    assert "PARTIAL RUN: 2 of 4 planned" in (tmp_path / "report.md").read_text()
 
 
 def test_failing_method_in_warmup(tmp_path, capsys, monkeypatch):

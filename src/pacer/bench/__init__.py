@@ -236,6 +236,13 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
     labels = [s.label for s in specs]
     commit = _git("rev-parse", "HEAD")
     dirty = _git("status", "--porcelain", "--untracked-files=no")
+    now = _dt.datetime.now().isoformat(timespec="seconds")
+    # one entry per start or resume: a run continued in a later session says which commits and machines made it
+    segment = {"started": now, "git_commit": commit or "unknown", "git_dirty": bool(dirty),
+               "load_average_at_start": None if load is None else round(load, 2)}
+    if previous and not previous.get("segments"):  # a run.json from before segments were recorded
+        previous["segments"] = [{k: previous.get(k) for k in ("started", "git_commit", "git_dirty",
+                                                             "load_average_at_start")}]
     meta = {
         **config,
         "command": command_line(args, methods_text),
@@ -248,7 +255,8 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
         "selection": f"{args.select}, n={args.n or 'all'} per dataset"
                      + (f", seed {args.select_seed}" if args.select == "random" else ""),
         "repeats": args.repeats,
-        "started": previous.get("started") or _dt.datetime.now().isoformat(timespec="seconds"),
+        "started": previous.get("started") or now,
+        "segments": [*previous.get("segments", []), segment],
         "load_average_at_start": None if load is None else round(load, 2),
         "torch": torch.__version__,
         "transformers": transformers.__version__,

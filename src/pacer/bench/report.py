@@ -109,6 +109,15 @@ def markdown(summary: dict, meta: dict) -> str:
               "datasets", "selection", "load_average_at_start", "torch", "transformers"):
         if k in meta:
             L.append(f"- {k.replace('_', ' ')}: {meta[k]}")
+    segs = meta.get("segments") or []
+    if len(segs) > 1:
+        L.append(f"- run in {len(segs)} segments (start, then `--resume`): " + "; ".join(
+            f"{g.get('started')} at `{str(g.get('git_commit'))[:12]}`" + (" (dirty)" if g.get("git_dirty") else "")
+            + f", load {g.get('load_average_at_start')}" for g in segs))
+    planned = len(meta.get("methods") or []) * len(meta.get("questions") or []) * int(meta.get("repeats") or 1)
+    if planned and summary.get("records", planned) < planned:
+        L.append(f"- **PARTIAL RUN: {summary['records']} of {planned} planned (question, method, repeat) runs are "
+                 f"finished; continue it with the same command and `--resume`**")
     L.append("- greedy decoding; wall time per turn from the first forward to the last token (prefill "
              "included, tokenization and the oracle's reference excluded); methods interleaved per question "
              "(`ar` first, the others in rotated order) after a warm-up of every method\n")
@@ -174,6 +183,7 @@ def write_report(out: Path, records: list[dict], methods: list[str], meta: dict)
     """Write ``summary.json``, ``report.md`` and the plots into ``out``; returns the summary."""
     summary = summarize(records, [m for m in methods if any(r["method"] == m for r in records)])
     summary["meta"] = meta
+    summary["records"] = len(records)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     atomic_write_text(out / "report.md", markdown(summary, meta))
     hists = draft_length_histograms(records)
