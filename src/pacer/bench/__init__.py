@@ -237,9 +237,10 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
     commit = _git("rev-parse", "HEAD")
     dirty = _git("status", "--porcelain", "--untracked-files=no")
     now = _dt.datetime.now().isoformat(timespec="seconds")
+    load_at_start = None if load is None else round(load, 2)
     # one entry per start or resume: a run continued in a later session says which commits and machines made it
     segment = {"started": now, "git_commit": commit or "unknown", "git_dirty": bool(dirty),
-               "load_average_at_start": None if load is None else round(load, 2)}
+               "load_average_at_start": load_at_start}
     if previous and not previous.get("segments"):  # a run.json from before segments were recorded
         previous["segments"] = [{k: previous.get(k) for k in ("started", "git_commit", "git_dirty",
                                                              "load_average_at_start")}]
@@ -257,7 +258,7 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
         "repeats": args.repeats,
         "started": previous.get("started") or now,
         "segments": [*previous.get("segments", []), segment],
-        "load_average_at_start": None if load is None else round(load, 2),
+        "load_average_at_start": load_at_start,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
     }
