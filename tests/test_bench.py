@@ -382,3 +382,42 @@ def test_second_run_on_a_busy_folder_is_refused(tmp_path, capsys):
         assert "another pacer bench is running" in capsys.readouterr().err
     finally:
         held.close()
+
+
+def test_recheck_lossless_rediagnoses_recorded_differences(tmp_path, capsys, monkeypatch):
+    """A run whose record carries a stale (wrong) diagnosis: --recheck-lossless recomputes it from the rebuilt
+    prompt with the current criterion, keeps every other field and rebuilds the report."""
+    from pacer.bench import runner
+
+    real = runner.run_turn
+
+    def planted(dec, spec, ids, m, reference=None):
+        out = real(dec, spec, ids, m, reference)
+        if spec.label == "sd:gamma=2":
+            out.token_ids = out.token_ids[:3] + [(out.token_ids[3] + 1) % 256] + out.token_ids[4:]
+        return out
+
+    monkeypatch.setattr(runner, "run_turn", planted)
+    out = tmp_path / "b"
+    assert main(["bench", "--quick", "--n", "2", "--max-new-tokens", "8", "--no-progress", "--out", str(out),
+                 "--methods", "ar,sd:gamma=2"]) == 0
+    recs, _ = rec_io.read_answers(out / "answers.jsonl")
+    bad = [r for r in recs if r["lossless"] is False]
+    assert len(bad) == 2 and all(r["divergence"]["near_tie"] is False for r in bad)
+    fresh = [dict(r["divergence"]) for r in bad]
+    for r in bad:  # what an older criterion might have written
+        r["divergence"] = {"turn": 0, "index": 3, "top2_gap": 0.1, "near_tie": True}
+    (out / "answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    capsys.readouterr()
+    assert main(["bench", "--recheck-lossless", "--out", str(out)]) == 0
+    assert "rechecked 2 differing output(s)" in capsys.readouterr().out
+    again, _ = rec_io.read_answers(out / "answers.jsonl")
+    assert [r["divergence"] for r in again if r["lossless"] is False] == fresh
+    assert [r["choices"] for r in again] == [r["choices"] for r in recs]  # timings and outputs untouched
+    report = (out / "report.md").read_text()
+    assert "**NO**" in report and "re-diagnosed with `--recheck-lossless` (2 outputs)" in report
+
+
+def test_recheck_lossless_needs_a_run(tmp_path, capsys):
+    assert main(["bench", "--recheck-lossless", "--out", str(tmp_path)]) == 2
+    assert "holds no finished benchmark run" in capsys.readouterr().err

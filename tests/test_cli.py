@@ -128,7 +128,8 @@ def test_demo_reports_a_difference(capsys, pair, monkeypatch):
     alter_sd_outputs(monkeypatch, near_tie=True)
     rc, out, err = run(capsys, pair, "demo", "--max-new-tokens", "6")
     assert rc == 0, err
-    assert out.count("DIFFERS from plain decoding at token 5 (target top-2 logit gap ") == 3
+    assert out.count("DIFFERS from plain decoding at token 5 (target logit gap ") == 3
+    assert out.count("resolution steps of") == 3 and "NOT a near-tie" not in out
     assert "outputs identical: 0/3" in out
 
 

@@ -157,3 +157,23 @@ def test_output_cut_by_the_context_window_says_context(close):
         if res.stats.finish_reason != "eos":
             assert len(res.token_ids) == 3 and res.stats.finish_reason == "context"
     assert close.generate(PROMPTS[0], "sd", max_new_tokens=3).stats.finish_reason in ("length", "eos")
+
+
+def test_near_tie_is_measured_in_dtype_resolution_steps():
+    import torch
+
+    from pacer.decoding import Divergence, dtype_resolution
+
+    # bf16 keeps 8 significant bits: spacing 0.125 in [16, 32), 0.25 in [32, 64)
+    assert dtype_resolution(20.0, torch.bfloat16) == 0.125 and dtype_resolution(-40.0, torch.bfloat16) == 0.25
+    assert dtype_resolution(40.0, torch.float32) == 2.0**-23 * 32
+    one_step = Divergence(5, 1, 2, top2_gap=0.25, gap=0.25, resolution=0.25)
+    assert one_step.near_tie and one_step.steps == 1.0 and "a near-tie" in one_step.describe()
+    # the differing token far below the best logit: a real failure even if the top-2 are tied
+    far = Divergence(5, 1, 2, top2_gap=0.0, gap=3.0, resolution=0.125)
+    assert not far.near_tie and "NOT a near-tie" in far.describe()
+    # one output ended there: the top-2 gap decides
+    assert Divergence(5, 1, -1, top2_gap=0.125, resolution=0.125).near_tie
+    assert not Divergence(5, 1, -1, top2_gap=0.5, resolution=0.125).near_tie
+    # float32 resolution is ~1e-6: a gap of 0.01 is not a tie there
+    assert not Divergence(5, 1, 2, 0.01, 0.01, dtype_resolution(30.0, torch.float32)).near_tie

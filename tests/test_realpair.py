@@ -93,11 +93,11 @@ def test_bfloat16_sd_differs_only_at_near_ties(capsys):
             print(
                 f"\n[realpair bfloat16] load {load_s:.1f}s; identical {len(rows) - len(differ)}/{len(rows)}, "
                 f"differing at a near-tie: {len(differ)} "
-                + "".join(f"(token {d.index}, top-2 gap {d.top2_gap:.3f}) " for d in differ)
+                + "".join(f"(token {d.index}, {d.describe()}) " for d in differ)
                 + f"; {describe(rows)}"
             )
         for d in differ:
-            assert d.near_tie, f"bf16 SD differs from plain at token {d.index} with top-2 gap {d.top2_gap}"
+            assert d.near_tie, f"bf16 SD differs from plain at token {d.index}: {d.describe()}"
     finally:
         del dec
         gc.collect()

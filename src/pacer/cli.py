@@ -194,8 +194,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
             ids = dec.encode(prompt, kind == "chat")
             dv = first_divergence(dec.target.model, ids, ar.token_ids, sd.token_ids)
-            note += f" at token {dv.index} (target top-2 logit gap {dv.top2_gap:.3f}: " \
-                    f"{'a bf16 near-tie' if dv.near_tie else 'NOT a near-tie'})"
+            note += f" at token {dv.index} (target {dv.describe()})"
             real_diff = not dv.near_tie
         speed = sd.stats.tokens_per_s / ar.stats.tokens_per_s if ar.stats.tokens_per_s > 0 else 0.0
         print(f"=> speedup {speed:.2f}x, {note}\n")

@@ -50,6 +50,10 @@ def register(subparsers, add_model_args, add_decoding_args) -> None:
     p.add_argument("--out", type=Path, required=True, help="output folder")
     p.add_argument("--resume", action="store_true", help="continue a run in --out, skipping finished records")
     p.add_argument("--report-only", action="store_true", help="rebuild the report from --out without models")
+    p.add_argument("--recheck-lossless", action="store_true",
+                   help="re-diagnose every output in --out that differs from ar with the current near-tie criterion "
+                        "(loads the run's target, rebuilds its questions from run.json; no timing is redone), "
+                        "then rebuild the report")
     p.add_argument("--quick", action="store_true", help="CI smoke: tiny random models, built-in questions")
     p.add_argument("--skip-failing", action="store_true", help="drop methods that fail their warm-up")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
@@ -175,6 +179,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         summary = _report(out, meta.get("methods", []), meta)
         print(f"pacer bench: report rebuilt in {out} ({len(summary['divergences'])} lossless violations)")
         return 0
+    if args.recheck_lossless:
+        return recheck_lossless(out)
     _validate(args)
     methods_text = args.methods or DEFAULT_METHODS
     specs = parse_methods(methods_text)  # errors before anything is loaded or written
@@ -192,6 +198,58 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return _run(args, out, specs, questions, previous, methods_text)
     finally:
         lock.close()
+
+
+def recheck_lossless(out: Path) -> int:
+    """Re-diagnose the recorded differences of the run in ``out`` (its ``answers.jsonl``) with the current
+    :class:`pacer.decoding.Divergence` criterion. The prompts are rebuilt as the run built them (the question,
+    the chat template and, for later turns, the method's own earlier answers); the answers file is rewritten
+    atomically, then the report."""
+    from ..api import Decoder
+    from ..cli import build_parser
+    from ..models import atomic_write_text
+    from . import records as rec_io
+    from .runner import check_lossless, recorded_turns
+
+    meta = _read_meta(out)
+    if not meta.get("command") or not (out / "answers.jsonl").exists():
+        raise PacerError(f"--recheck-lossless: {out} holds no finished benchmark run (run.json with its command "
+                         f"and answers.jsonl)")
+    run_args = build_parser().parse_args(shlex.split(meta["command"])[1:])
+    _validate(run_args)
+    questions = {q.key: q for q in load_questions(run_args)}
+    records = rec_io.repair(out / "answers.jsonl")
+    ar = {(r["dataset"], r["question_id"], r.get("repeat", 0)): r for r in records if r["method"] == "ar"}
+    todo = [r for r in records if r.get("lossless") is False]
+    if not todo:
+        print(f"pacer bench: no output in {out} differs from ar; nothing to recheck")
+        return 0
+    if run_args.quick:
+        from ..tiny import tiny_pair
+
+        dec = Decoder(*tiny_pair("close"), threads=run_args.threads)
+    else:
+        dec = Decoder.from_pretrained(run_args.target, run_args.draft, run_args.dtype, run_args.threads)
+    changed = 0
+    for r in todo:
+        key = f"{r['dataset']}/{r['question_id']}"
+        if key not in questions:
+            raise PacerError(f"--recheck-lossless: question {key} of {out} is not in the run's question set")
+        ref = ar[(r["dataset"], r["question_id"], r.get("repeat", 0))]["choices"][0]["token_ids"]
+        ok, div = check_lossless(dec, recorded_turns(dec, questions[key], r), ref)
+        changed += div != r.get("divergence")
+        r["lossless"], r["divergence"] = ok, div
+    atomic_write_text(out / "answers.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    meta["lossless_rechecked"] = {"when": _dt.datetime.now().isoformat(timespec="seconds"),
+                                  "git_commit": _git("rev-parse", "HEAD") or "unknown",
+                                  "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+                                  "outputs": len(todo)}
+    atomic_write_text(out / "run.json", json.dumps(meta, indent=2) + "\n")
+    summary = _report(out, meta.get("methods", []), meta)
+    bad = sum(1 for d in summary["divergences"] if not d.get("near_tie"))
+    print(f"pacer bench: rechecked {len(todo)} differing output(s) in {out} ({changed} diagnosis changed); "
+          f"{bad} NOT a near-tie")
+    return 0
 
 
 def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, previous: dict,

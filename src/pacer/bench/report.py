@@ -9,6 +9,8 @@ from pathlib import Path
 from ..models import atomic_write_bytes, atomic_write_text
 from .metrics import OVERALL, draft_length_histograms, summarize
 
+TIE_STEPS = 2  # = pacer.decoding.Divergence.TIE_STEPS (kept here so a report needs no torch import)
+
 PLOTS = ("speedup_by_category.png", "oracle_draft_lengths.png", "draft_lengths_vs_oracle.png")
 
 
@@ -114,6 +116,11 @@ def markdown(summary: dict, meta: dict) -> str:
         L.append(f"- run in {len(segs)} segments (start, then `--resume`): " + "; ".join(
             f"{g.get('started')} at `{str(g.get('git_commit'))[:12]}`" + (" (dirty)" if g.get("git_dirty") else "")
             + f", load {g.get('load_average_at_start')}" for g in segs))
+    rc = meta.get("lossless_rechecked")
+    if rc:
+        L.append(f"- differences re-diagnosed with `--recheck-lossless` ({rc.get('outputs')} outputs) on "
+                 f"{rc.get('when')} at `{str(rc.get('git_commit'))[:12]}`"
+                 + (" (dirty)" if rc.get("git_dirty") else ""))
     planned = len(meta.get("methods") or []) * len(meta.get("questions") or []) * int(meta.get("repeats") or 1)
     if planned and summary.get("records", planned) < planned:
         L.append(f"- **PARTIAL RUN: {summary['records']} of {planned} planned (question, method, repeat) runs are "
@@ -124,14 +131,21 @@ def markdown(summary: dict, meta: dict) -> str:
     div = summary["divergences"]
     if div:
         L.append(f"## ⚠️ LOSSLESSNESS: {len(div)} output(s) differ from plain decoding\n")
-        L.append("| question | method | repeat | turn | first differing token | target top-2 logit gap "
+        L.append("Diagnosis at the first differing token, scoring the common prefix with the target in one plain "
+                 "forward: *gap* = best logit minus the lower logit of the two differing tokens, also in *steps* of "
+                 "the dtype's resolution at that magnitude (bf16: 0.125 for logits in [16, 32), 0.25 in [32, 64)). "
+                 f"A gap of at most {TIE_STEPS} steps is a near-tie that scoring inside a block can flip; more is "
+                 "a real losslessness failure.\n")
+        L.append("| question | method | repeat | turn | first differing token | top-2 gap | gap | steps "
                  "| near-tie |")
-        L.append("|---|---|---|---|---|---|---|")
+        L.append("|---|---|---|---|---|---|---|---|---|")
         for d in div:
             turn = d["turn"] + 1 if isinstance(d.get("turn"), int) else "-"
+            res, gap = d.get("resolution"), d.get("gap")
+            steps = gap / res if res and gap is not None else None
             L.append(f"| {d['dataset']}/{d['question_id']} | {d['method']} | {d['repeat']} | {turn} | "
-                     f"{d.get('index', '-')} | {_f(d.get('top2_gap'), '.4f')} | "
-                     f"{'yes (bf16 near-tie)' if d.get('near_tie') else '**NO**'} |")
+                     f"{d.get('index', '-')} | {_f(d.get('top2_gap'), '.4f')} | {_f(gap, '.4f')} | "
+                     f"{_f(steps, '.1f')} | {'yes' if d.get('near_tie') else '**NO**'} |")
         L.append("")
     else:
         L.append("All checked greedy outputs are identical to plain decoding, token for token.\n")

@@ -67,6 +67,19 @@ def run_question(dec, spec: MethodSpec, q: Question, max_new_tokens: int,
     return outs
 
 
+def recorded_turns(dec, q: Question, rec: dict) -> list[TurnOut]:
+    """The turns of an answer record rebuilt with their prompt ids as :func:`run_question` built them (turn ``t``
+    sees the method's own earlier answers); timings are not kept."""
+    ch = rec["choices"][0]
+    history: list[dict] = []
+    outs = []
+    for t, (prompt, text, ids) in enumerate(zip(q.turns, ch["turns"], ch["token_ids"], strict=False)):
+        outs.append(TurnOut(list(ids), text, ch["wall_time"][t], [], [], 0, 0, "",
+                            dec.encode(prompt, chat=q.chat, history=history)))
+        history += [{"role": "user", "content": prompt}, {"role": "assistant", "content": text}]
+    return outs
+
+
 def check_lossless(dec, outs: list[TurnOut], ar_ids: list[list[int]]) -> tuple[bool, dict | None]:
     """Compare with ``ar``'s token ids turn by turn; at the first differing turn, locate the first differing
     token and the target's top-2 logit gap there (plain scoring of the same prefix)."""
@@ -80,7 +93,9 @@ def check_lossless(dec, outs: list[TurnOut], ar_ids: list[list[int]]) -> tuple[b
             continue
         gap = None if math.isnan(dv.top2_gap) else round(dv.top2_gap, 5)
         return False, {"turn": t, "index": dv.index, "ar_token": dv.a, "token": dv.b, "top2_gap": gap,
-                       "near_tie": bool(gap is not None and dv.near_tie),
+                       "gap": None if math.isnan(dv.gap) else round(dv.gap, 5),
+                       "resolution": dv.resolution, "near_tie": bool(gap is not None and dv.near_tie),
+                       "describe": dv.describe(),
                        "ar_tokens": len(ref), "tokens": len(o.token_ids)}
     return True, None
 
@@ -178,10 +193,8 @@ class Bench:
             rec["lossless"], rec["divergence"] = ok, div
             if not ok:
                 self.flagged += 1
-                gap = "n/a (one output is a prefix of the other)" if div["top2_gap"] is None else (
-                    f"{div['top2_gap']:.4f}, " + ("a bf16 near-tie" if div["near_tie"] else "NOT a near-tie"))
                 say(f"pacer bench: LOSSLESSNESS WARNING: {spec.label} differs from ar on {q.key} turn "
-                    f"{div['turn'] + 1} at token {div['index']} (target top-2 logit gap {gap})")
+                    f"{div['turn'] + 1} at token {div['index']} (target {div['describe']})")
         rec_io.append(self.path, rec)
         self.done[rec_io.record_key(rec)] = rec
         self.records.append(rec)

@@ -319,8 +319,13 @@ def save_checkpoint(out: Path, kind: str, model: nn.Module, mu, sd, config: dict
 def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs: int = 20, seed: int = 0,
           val_frac: float = 0.2, costs: Costs | None = None, min_draft: int = 1, d: int = 64,
           hidden_layers: tuple[int, ...] | None = None, log=print, weighted: bool = True,
-          token_weight: float = 0.5, rank: int = 8, dropout: float = 0.5, weight_decay: float = 0.05) -> dict:
-    """Train, evaluate and save one checkpoint; returns its config (with the validation report)."""
+          token_weight: float = 0.5, rank: int = 8, dropout: float = 0.5, weight_decay: float = 0.05,
+          check_seconds: float | None = None) -> dict:
+    """Train, evaluate and save one checkpoint; returns its config (with the validation report).
+
+    The cost of one policy check enters the cost model that picks the threshold; it is measured on this machine
+    (:func:`check_cost`) unless ``check_seconds`` is given. A measured time varies run to run, so the chosen
+    threshold can too; with ``check_seconds`` fixed, training with the same seed is reproducible."""
     if kind not in ("pacer", "specdecpp"):
         raise PacerError(f"unknown kind '{kind}' (use pacer or specdecpp)")
     if block not in (1, 2, 4, 8, 16):
@@ -349,7 +354,7 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
     model, mu, sd = fit(kind, tr, block, epochs, seed, d=d, log=log, weighted=weighted, token_weight=token_weight,
                         rank=rank, dropout=dropout, weight_decay=weight_decay)
     secs = time.perf_counter() - t0
-    check = check_cost(kind, model, spec)
+    check = check_cost(kind, model, spec) if check_seconds is None else check_seconds
     costs = Costs(costs.draft, costs.target, check)
     report = evaluate(kind, model, va, mu, sd, block, costs, min_draft)
     cfg = {
