@@ -40,8 +40,13 @@ class Decoder:
     """A target model, an optional draft model and their tokenizer, loaded once for many generations."""
 
     def __init__(self, target: models.LoadedModel, draft: models.LoadedModel | None = None,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, draft_vocab: int | Sequence[int] | None = None) -> None:
+        """``draft_vocab``: the default reduced draft vocabulary of every drafting method (see
+        :mod:`pacer.draftvocab`): ``None``/0 the full vocabulary, an int ``S`` the ``S`` most frequent tokens of
+        the held-out corpus, or explicit token ids."""
         self.threads = models.set_threads(threads)
+        self.draft_vocab = draft_vocab
+        self._draft_rows: dict[int, torch.Tensor] = {}
         self.target_info = target
         self.draft_info = draft
         self.tokenizer = target.tokenizer
@@ -57,11 +62,26 @@ class Decoder:
 
     @classmethod
     def from_pretrained(cls, target: str = "default-target", draft: str | None = "default-draft",
-                        dtype: str = "bfloat16", threads: int | None = None, progress: bool = True) -> Decoder:
+                        dtype: str = "bfloat16", threads: int | None = None, progress: bool = True,
+                        draft_vocab: int | Sequence[int] | None = None) -> Decoder:
         """Load a pair: ``default-target``/``default-draft``, HF model folders or ``.gguf`` files."""
         t = models.load_model(target, dtype, progress=progress)
         d = models.load_model(draft, dtype, progress=progress) if draft else None
-        return cls(t, d, threads)
+        return cls(t, d, threads, draft_vocab)
+
+    def draft_rows(self, draft_vocab: int | Sequence[int] | torch.Tensor | None) -> torch.Tensor | None:
+        """The draft's kept vocabulary rows for a ``draft_vocab`` setting (``None`` for the full vocabulary)."""
+        if draft_vocab is None or (isinstance(draft_vocab, int) and draft_vocab == 0):
+            return None
+        if isinstance(draft_vocab, bool):
+            raise PacerError(f"--draft-vocab must be a number of tokens, got {draft_vocab!r}")
+        if isinstance(draft_vocab, int):
+            from .draftvocab import load_or_build
+
+            if draft_vocab not in self._draft_rows:
+                self._draft_rows[draft_vocab] = load_or_build(self, draft_vocab)
+            return self._draft_rows[draft_vocab]
+        return torch.as_tensor(list(draft_vocab), dtype=torch.long)
 
     # ------------------------------------------------------------------------------------------------ inputs
     def encode(self, prompt: str | Sequence[int], chat: bool = False, history: Sequence[dict] = ()) -> list[int]:
@@ -117,18 +137,24 @@ class Decoder:
         return POLICIES[method](**bounds, **opts)
 
     def make_drafter(self, method: str, **opts) -> Drafter:
+        """The drafter of ``method``; ``draft_vocab`` (every method) overrides the decoder's reduced draft
+        vocabulary, the other options are Ouroboros's."""
         if self.draft_info is None:
             raise PacerError(f"method '{method}' needs a draft model (--draft)")
+        draft_vocab = opts.pop("draft_vocab", self.draft_vocab)
+        rows = self.draft_rows(draft_vocab)
         if method in ("ouroboros", "pacer+ouroboros"):
             from .ouroboros import PhraseDrafter
 
-            # each method keeps its own warm-start pool, so one method never sees another's output of a prompt
-            opts.setdefault("pool_tag", method)
-            return PhraseDrafter(self.draft_info.model, self.vocab, **opts)
+            # each method (with its options) keeps its own warm-start pool, so one method never sees another's
+            # output of a prompt
+            tag = method + "".join(f"|{k}={v}" for k, v in sorted(opts.items()))
+            opts.setdefault("pool_tag", tag + (f"|draft_vocab={len(rows)}" if rows is not None else ""))
+            return PhraseDrafter(self.draft_info.model, self.vocab, draft_vocab=rows, **opts)
         if opts:
             raise PacerError(f"method '{method}' drafts token by token and takes no drafter option "
                              f"{', '.join(map(repr, opts))} (those are for ouroboros, pacer+ouroboros)")
-        return TokenDrafter(self.draft_info.model, self.vocab)
+        return TokenDrafter(self.draft_info.model, self.vocab, rows)
 
     # ------------------------------------------------------------------------------------------- generation
     def generate(
@@ -175,8 +201,10 @@ class Decoder:
                     if reference is None:
                         ref = self.generate(ids, "ar", max_new_tokens, sampling, stop=stop)
                         reference = ref.token_ids
-                    policy.agree = oracle_agreement(self.draft_info.model, ids, reference)
                 drafter = drafter or self.make_drafter(method, **(drafter_opts or {}))
+                if isinstance(policy, OraclePolicy) and policy.agree is None:
+                    rows = getattr(getattr(drafter, "model", None), "rows", None)
+                    policy.agree = oracle_agreement(self.draft_info.model, ids, reference, rows)
                 needs_soft = bool(getattr(policy, "needs_soft", False))
                 speculative_generate(self.target, drafter, policy, ids, out, sampling, stats, needs_soft)
                 if hasattr(drafter, "report"):

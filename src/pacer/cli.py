@@ -21,6 +21,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
                    help="weights dtype (bfloat16 is the fast one on CPUs with bf16 support)")
     g.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
+    g.add_argument("--draft-vocab", type=int, default=None, metavar="S",
+                   help="draft only from the S most frequent tokens (its LM head shrinks; lossless: the target "
+                        "still scores every token); 0 = the full vocabulary")
 
 
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
@@ -126,7 +129,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not prompt.strip():
         raise PacerError("the prompt is empty; pass some text (or '-' to read standard input)")
     draft = None if args.method == "ar" else args.draft
-    dec = Decoder.from_pretrained(args.target, draft, args.dtype, args.threads)
+    dec = Decoder.from_pretrained(args.target, draft, args.dtype, args.threads, draft_vocab=args.draft_vocab)
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
     streamer = None if args.json else TextStreamer(dec.tokenizer, args.stop)
     res = dec.generate(
@@ -169,7 +172,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if ignored:
         raise PacerError(f"pacer demo decodes greedily on its own prompts and takes no {', '.join(ignored)}; "
                          f"use pacer generate for that")
-    dec = Decoder.from_pretrained(args.target, args.draft, args.dtype, args.threads)
+    dec = Decoder.from_pretrained(args.target, args.draft, args.dtype, args.threads, draft_vocab=args.draft_vocab)
     print(f"pacer demo: target {args.target}, draft {args.draft}, {args.dtype}, {dec.threads} threads, "
           f"method {args.method}, {args.max_new_tokens} new tokens per prompt\n")
     dec.generate("Hello", "ar", max_new_tokens=2)  # warm-up

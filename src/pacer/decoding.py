@@ -33,14 +33,62 @@ from .stats import GenerationStats
 class CachedModel:
     """A causal LM and its KV cache; ``length`` tokens are in the cache."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, rows: torch.Tensor | None = None) -> None:
         self.model = model
         self.context = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        self.rows: torch.Tensor | None = None
+        if rows is not None:
+            self.restrict_head(rows)
         self.reset()
+
+    def restrict_head(self, rows: torch.Tensor) -> None:
+        """Compute logits only for the vocabulary ids ``rows`` (``[S]``, sorted); every other id gets ``-inf``.
+
+        The LM head is then ``S x H`` instead of ``V x H`` (see :mod:`pacer.draftvocab`). Only for a draft model:
+        a target must score the whole vocabulary."""
+        head = self.model.get_output_embeddings()
+        cfg = self.model.config
+        for attr in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
+            if getattr(cfg, attr, None) not in (None, 0, 1, 1.0):
+                raise PacerError(f"--draft-vocab: this draft model transforms its logits ({attr}); use the full "
+                                 f"vocabulary (--draft-vocab 0)")
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        V = int(head.weight.shape[0])
+        if rows.ndim != 1 or len(rows) == 0 or int(rows.min()) < 0 or int(rows.max()) >= V:
+            raise PacerError(f"--draft-vocab: token ids must lie in [0, {V}) (the draft's vocabulary)")
+        self.rows = rows.sort().values
+        self._w = head.weight.detach()[self.rows].contiguous()
+        self._b = head.bias.detach()[self.rows] if getattr(head, "bias", None) is not None else None
+        self._vocab = V
+        self._kept = torch.zeros(V, dtype=torch.bool)
+        self._kept[self.rows] = True
+        self._extra: torch.Tensor | None = None
+
+    def add_rows(self, ids: Sequence[int]) -> None:
+        """Also score ``ids`` (e.g. the prompt's tokens, which a continuation often repeats) until :meth:`reset`."""
+        new = torch.tensor(sorted(set(ids)), dtype=torch.long)
+        new = new[(new >= 0) & (new < self._vocab)]
+        new = new[~self._kept[new]]
+        if len(new) == 0:
+            return
+        self._kept[new] = True
+        self._extra = new if self._extra is None else torch.cat([self._extra, new])
+        head = self.model.get_output_embeddings()
+        self._w_extra = head.weight.detach()[self._extra].contiguous()
+        self._b_extra = head.bias.detach()[self._extra] if self._b is not None else None
+
+    def scored_rows(self) -> torch.Tensor | None:
+        """Every vocabulary id the restricted head scores now (``None``: the full vocabulary)."""
+        if self.rows is None:
+            return None
+        return self.rows if self._extra is None else torch.cat([self.rows, self._extra]).sort().values
 
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.model.config)
         self.length = 0
+        if self.rows is not None and self._extra is not None:
+            self._kept[self._extra] = False
+            self._extra = None
 
     @torch.inference_mode()
     def forward(
@@ -60,6 +108,8 @@ class CachedModel:
             kwargs["attention_mask"] = attention_mask
         if position_ids is not None:
             kwargs["position_ids"] = position_ids
+        if self.rows is not None:
+            return self._forward_restricted(ids, hidden, keep, kwargs)
         out = self.model(
             input_ids=torch.tensor([list(ids)], dtype=torch.long),
             cache=self.cache,
@@ -70,6 +120,33 @@ class CachedModel:
         self.length += len(ids)
         hs = tuple(h[0] for h in out.hidden_states) if hidden else None
         return out.logits[0].float(), hs
+
+    def _forward_restricted(self, ids, hidden, keep, kwargs):
+        """:meth:`forward` with the LM head restricted to ``rows``: the decoder stack, then ``S x H`` logits
+        scattered into a ``-inf`` row of the full vocabulary (same shapes and hidden states as the full head)."""
+        kwargs.pop("logits_to_keep", None)
+        if self.length == 0:  # a new sequence: its prompt's tokens join the scored rows
+            self.add_rows(ids)
+        out = self.model.get_decoder()(
+            input_ids=torch.tensor([list(ids)], dtype=torch.long),
+            cache=self.cache,
+            use_cache=True,
+            output_hidden_states=hidden,
+            **kwargs,
+        )
+        self.length += len(ids)
+        h = out.last_hidden_state[0]
+        h = h[-keep:] if keep else h
+        sub = h @ self._w.T
+        if self._b is not None:
+            sub = sub + self._b
+        logits = torch.full((h.shape[0], self._vocab), float("-inf"))
+        logits[:, self.rows] = sub.float()
+        if self._extra is not None:
+            extra = h @ self._w_extra.T
+            logits[:, self._extra] = (extra + self._b_extra if self._b_extra is not None else extra).float()
+        hs = tuple(x[0] for x in out.hidden_states) if hidden else None
+        return logits, hs
 
     def crop(self, length: int) -> None:
         """Drop every cached token past ``length``."""
@@ -178,8 +255,8 @@ class TokenDrafter(Drafter):
     """Drafts one token per draft forward (classic SD). ``vocab`` is the target's vocabulary size: draft logits are
     truncated or padded to it so that ``q`` and ``p`` live on the same support."""
 
-    def __init__(self, draft_model: torch.nn.Module, vocab: int) -> None:
-        self.model = CachedModel(draft_model)
+    def __init__(self, draft_model: torch.nn.Module, vocab: int, draft_vocab: torch.Tensor | None = None) -> None:
+        self.model = CachedModel(draft_model, draft_vocab)
         self.vocab = vocab
 
     def reset(self) -> None:
@@ -355,14 +432,19 @@ def speculative_generate(
 
 
 @torch.inference_mode()
-def oracle_agreement(draft_model: torch.nn.Module, prompt: list[int], reference: list[int]) -> list[bool]:
+def oracle_agreement(draft_model: torch.nn.Module, prompt: list[int], reference: list[int],
+                     rows: torch.Tensor | None = None) -> list[bool]:
     """For each generated position ``j``: does the draft's greedy token, given the prompt and ``reference[:j]``,
-    equal ``reference[j]``? One teacher-forced draft forward; feeds :class:`pacer.policies.OraclePolicy`."""
+    equal ``reference[j]``? One teacher-forced draft forward; feeds :class:`pacer.policies.OraclePolicy`.
+    ``rows``: the drafter's reduced vocabulary (its greedy token is the best among them)."""
     if not reference:
         return []
     ids = torch.tensor([prompt + reference[:-1]], dtype=torch.long)
     logits = draft_model(input_ids=ids).logits[0, len(prompt) - 1 :]
-    pred = logits.argmax(-1).tolist()
+    if rows is not None:  # the restricted head also scores the prompt's tokens (CachedModel.add_rows)
+        rows = torch.unique(torch.cat([rows, torch.tensor(prompt, dtype=torch.long)]))
+        rows = rows[rows < logits.shape[-1]]
+    pred = (rows[logits[:, rows].argmax(-1)] if rows is not None else logits.argmax(-1)).tolist()
     return [a == b for a, b in zip(pred, reference, strict=True)]
 
 

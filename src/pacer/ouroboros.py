@@ -206,8 +206,8 @@ class PhraseDrafter(TokenDrafter):
                  candidate_len: int | None = None, key_len: int = 2,
                  sources: str | tuple[str, ...] | list[str] = SOURCES, warm_start: bool = True,
                  pool_file: str | Path | None = None, phrases: bool = True, pool_tag: str = "",
-                 tree_size: int | None = 10) -> None:
-        super().__init__(draft_model, vocab)
+                 tree_size: int | None = 10, draft_vocab: torch.Tensor | None = None) -> None:
+        super().__init__(draft_model, vocab, draft_vocab)
         ngram = 6 if ngram is None else int(ngram)
         pool_size = 20000 if pool_size is None else int(pool_size)
         self.candidates = 2 if candidates is None else int(candidates)

@@ -23,7 +23,7 @@ DEFAULT_METHODS = ("ar,sd:gamma=4,heuristic,confidence,entropy,oracle,hf-assiste
                    "hf-assisted:schedule=heuristic")
 #: settings that must match when a run is resumed (the rest - methods, questions, repeats - may grow)
 PINNED = ("target", "draft", "target_fingerprint", "draft_fingerprint", "dtype", "threads", "max_new_tokens",
-          "quick")
+          "quick", "draft_vocab")
 
 
 def register(subparsers, add_model_args, add_decoding_args) -> None:
@@ -110,6 +110,8 @@ def command_line(args: argparse.Namespace, methods: str) -> str:
         parts += ["--target", args.target, "--draft", args.draft, "--dtype", args.dtype]
     if args.threads:
         parts += ["--threads", str(args.threads)]
+    if args.draft_vocab is not None:
+        parts += ["--draft-vocab", str(args.draft_vocab)]
     parts += ["--out", str(args.out)]
     return shlex.join(parts)
 
@@ -264,16 +266,17 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
     if args.quick:
         from ..tiny import tiny_pair
 
-        dec = Decoder(*tiny_pair("close"), threads=args.threads)
+        dec = Decoder(*tiny_pair("close"), threads=args.threads, draft_vocab=args.draft_vocab)
         target, draft, dtype = "tiny-close-target", "tiny-close-draft", "float32"
     else:
-        dec = Decoder.from_pretrained(args.target, args.draft, args.dtype, args.threads)
+        dec = Decoder.from_pretrained(args.target, args.draft, args.dtype, args.threads,
+                                      draft_vocab=args.draft_vocab)
         target, draft, dtype = args.target, args.draft, args.dtype
     config = {
         "target": target, "draft": draft, "dtype": dtype, "threads": dec.threads,
         "target_fingerprint": dec.target_info.fingerprint,
         "draft_fingerprint": dec.draft_info.fingerprint if dec.draft_info else None,
-        "max_new_tokens": args.max_new_tokens, "quick": bool(args.quick),
+        "max_new_tokens": args.max_new_tokens, "quick": bool(args.quick), "draft_vocab": args.draft_vocab,
     }
     if args.resume and previous:
         for k in PINNED:

@@ -5,7 +5,8 @@ Every name in :data:`pacer.api.METHODS` goes through :meth:`pacer.api.Decoder.ge
 :mod:`pacer.bench.hf`).
 
 Option keys: ``gamma``, ``min_draft`` (alias ``min``), ``max_draft`` (alias ``max``) go to ``generate``
-itself; ``ngram``, ``pool_size``, ``candidates`` to the drafter (Ouroboros); any other key to the policy
+itself; ``ngram``, ``pool_size``, ``candidates`` to the drafter (Ouroboros), ``draft_vocab`` to the drafter of
+any drafting method (a reduced draft vocabulary, :mod:`pacer.draftvocab`); any other key to the policy
 (``threshold``, ``path``, ``initial``, ...). A value ``A..B`` expands into one method per integer in
 ``A..B`` (``sd:gamma=2..8`` is seven methods). ``hf-assisted`` takes ``schedule``, ``tokens`` and
 ``threshold``.
@@ -21,7 +22,9 @@ HF_ASSISTED = "hf-assisted"
 HF_KEYS = {"schedule": "num_assistant_tokens_schedule", "tokens": "num_assistant_tokens",
            "threshold": "assistant_confidence_threshold"}
 HF_SCHEDULES = ("constant", "heuristic", "heuristic_transient")
-DRAFTER_KEYS = ("ngram", "pool_size", "candidates")
+DRAFTER_KEYS = ("ngram", "pool_size", "candidates", "draft_vocab")
+#: drafter keys every drafting method takes (the others are for ``PHRASE_METHODS`` only)
+ANY_DRAFTER_KEYS = ("draft_vocab",)
 #: methods that draft phrase by phrase and take ``DRAFTER_KEYS``
 PHRASE_METHODS = ("ouroboros", "pacer+ouroboros")
 ALIASES = {"min": "min_draft", "max": "max_draft", "pool-size": "pool_size"}
@@ -108,7 +111,7 @@ def _check(name: str, opts: list[tuple[str, object]], raw: str) -> None:
             raise PacerError(f"method '{raw}': {k} must be a non-negative integer, got {v!r}")
         if k == "gamma" and v == 0:
             raise PacerError(f"method '{raw}': gamma must be >= 1")
-        if k in DRAFTER_KEYS and name not in PHRASE_METHODS:
+        if k in DRAFTER_KEYS and k not in ANY_DRAFTER_KEYS and name not in PHRASE_METHODS:
             raise PacerError(f"method '{raw}': {k} is an option of {', '.join(PHRASE_METHODS)} only")
         if name in NO_POLICY_OPTS and k not in ("gamma", "min_draft", "max_draft", *DRAFTER_KEYS):
             raise PacerError(f"method '{raw}': {name} takes gamma, min, max only, not '{k}'")

@@ -37,7 +37,8 @@ def cmd_collect(args) -> int:
 
     if args.n <= 0 or args.max_new_tokens <= 0 or args.max_draft <= 0:
         raise PacerError("--n, --max-new-tokens and --max-draft must be >= 1")
-    dec = Decoder.from_pretrained(args.target, args.draft, args.dtype, args.threads)
+    dec = Decoder.from_pretrained(args.target, args.draft, args.dtype, args.threads,
+                                      draft_vocab=args.draft_vocab)
     spec = FeatureSpec(args.layers, int(dec.draft_info.model.config.hidden_size), args.max_draft)
     manifest = collect(dec, Path(args.out), args.n, args.max_new_tokens, spec, args.seed, args.shard_size,
                        args.skip)
@@ -78,7 +79,8 @@ def cmd_tune(args) -> int:
         from ..api import Decoder
         from ..models import atomic_write_text
 
-        dec = Decoder.from_pretrained(args.target, args.draft, args.dtype, args.threads)
+        dec = Decoder.from_pretrained(args.target, args.draft, args.dtype, args.threads,
+                                      draft_vocab=args.draft_vocab)
         costs = measure_costs(dec)
         atomic_write_text(Path(args.measure_costs), json.dumps(costs.to_dict(), indent=2) + "\n")
         print(json.dumps(costs.to_dict(), indent=2))

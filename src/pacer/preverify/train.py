@@ -419,7 +419,7 @@ def measure_costs(decoder, context: int = 200, reps: int = 5) -> Costs:
         if name == "draft":
             from ..decoding import CachedModel
 
-            cm = CachedModel(decoder.draft_info.model)
+            cm = CachedModel(decoder.draft_info.model, decoder.draft_rows(decoder.draft_vocab))
         for k in ks:
             times = []
             for _ in range(reps):

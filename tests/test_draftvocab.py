@@ -1,0 +1,160 @@
+"""A reduced draft vocabulary (pacer.draftvocab): same logits on the kept rows, never a proposal outside them,
+greedy output identical to plain decoding and sampling still in the target's distribution."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from pacer import PacerError, SamplingConfig
+from pacer.bench.methods import parse_methods
+from pacer.decoding import CachedModel, TokenDrafter
+from pacer.draftvocab import coverage, frequent_ids, load_or_build, special_ids
+from pacer.policies import FixedPolicy
+from test_sampling import ALPHA, PROMPT, SMALL_VOCAB, _decoder, chi2_pvalue, exact_joint
+
+#: every other byte plus the specials (ids 256..258): half the tiny vocabulary
+HALF = list(range(0, 256, 2)) + [256, 257, 258]
+
+
+def test_restricted_head_gives_the_same_logits_on_kept_rows(close):
+    model = close.draft_info.model
+    rows = torch.tensor(HALF)
+    full, part = CachedModel(model), CachedModel(model, rows)
+    ids = close.encode("hello world, this is")
+    lf, hf = full.forward(ids, hidden=True, keep=3)
+    lp, hp = part.forward(ids, hidden=True, keep=3)
+    assert lp.shape == lf.shape == (3, 259) and part.length == full.length == len(ids)
+    # the prompt's tokens are scored too (a continuation often repeats them)
+    scored = part.scored_rows()
+    assert set(scored.tolist()) == set(HALF) | set(ids) and any(i not in HALF for i in ids)
+    torch.testing.assert_close(lp[:, scored], lf[:, scored])
+    outside = torch.ones(259, dtype=torch.bool)
+    outside[scored] = False
+    assert torch.isinf(lp[:, outside]).all() and (lp[:, outside] < 0).all()
+    assert len(hp) == len(hf) and all(torch.equal(a, b) for a, b in zip(hp, hf, strict=True))
+    # the cache continues as usual after a restricted forward
+    l2f, _ = full.forward([5])
+    l2p, _ = part.forward([5])
+    torch.testing.assert_close(l2p[:, scored], l2f[:, scored])
+    part.reset()  # a new sequence forgets the old prompt's rows
+    assert torch.equal(part.scored_rows(), rows)
+    part.forward([2, 4])
+    assert torch.equal(part.scored_rows(), rows)
+
+
+def test_drafter_never_proposes_outside_the_rows(close):
+    rows = torch.tensor(HALF)
+    drafter = TokenDrafter(close.draft_info.model, close.vocab, rows)
+    drafter.reset()
+    ids = close.encode("The 3 quick brown foxes")
+    d = drafter.propose(ids, FixedPolicy(gamma=12), 12, SamplingConfig(), torch.Generator(), 0)
+    assert len(d.tokens) == 12 and set(d.tokens) <= set(HALF) | set(ids)
+    assert all(0 < p <= 1 for p in d.state.prob)
+
+
+@pytest.mark.parametrize("method", ["sd", "entropy", "heuristic", "oracle", "ouroboros"])
+def test_greedy_output_identical_with_a_reduced_draft_vocab(pairs, method):
+    for kind in ("close", "same"):
+        dec = pairs[kind]
+        for prompt in ("hello world, this is", "def f(x):\n    return"):
+            ids = dec.encode(prompt)
+            ar = dec.generate(ids, "ar", max_new_tokens=30)
+            res = dec.generate(ids, method, max_new_tokens=30, gamma=5, drafter_opts={"draft_vocab": HALF})
+            assert res.token_ids == ar.token_ids, (kind, method, prompt)
+            if method == "oracle":  # drafts exactly to the reduced draft's first mismatch
+                assert res.stats.accepted_tokens == res.stats.draft_tokens
+    # tokens outside the rows: the target emits them itself, so a target output using them is still reproduced
+    dec = pairs["same"]
+    ar = dec.generate("hello world", "ar", max_new_tokens=30)
+    assert any(t not in HALF for t in ar.token_ids)
+    res = dec.generate("hello world", "sd", max_new_tokens=30, gamma=4, drafter_opts={"draft_vocab": HALF})
+    assert res.token_ids == ar.token_ids and res.stats.acceptance_rate < 1.0
+
+
+def test_decoder_default_draft_vocab_applies_to_every_method(close):
+    from pacer import Decoder
+
+    dec = Decoder(close.target_info, close.draft_info, threads=1, draft_vocab=HALF)
+    assert torch.equal(dec.make_drafter("sd").model.rows, torch.tensor(HALF))
+    assert torch.equal(dec.make_drafter("ouroboros", warm_start=False).model.rows, torch.tensor(HALF))
+    assert dec.make_drafter("sd", draft_vocab=0).model.rows is None  # per call: back to the full vocabulary
+    # a method with and without the reduced vocabulary never share an Ouroboros warm-start pool
+    assert dec.make_drafter("ouroboros").pool is not dec.make_drafter("ouroboros", draft_vocab=0).pool
+    assert dec.make_drafter("ouroboros").pool is dec.make_drafter("ouroboros").pool
+    ar = dec.generate("a", "ar", max_new_tokens=20)
+    assert dec.generate("a", "sd", max_new_tokens=20).token_ids == ar.token_ids
+
+
+def test_sampling_with_a_reduced_draft_vocab_keeps_the_target_distribution():
+    """q is zero outside the rows and renormalised inside: rejection sampling must stay exact."""
+    dec = _decoder("sharp")
+    rows = list(range(0, SMALL_VOCAB, 2))
+    cfg = SamplingConfig(temperature=1.0)
+    exact = exact_joint(dec.target.model, PROMPT, cfg)
+    seeds = 2500
+    counts = np.zeros_like(exact)
+    for s in range(seeds):
+        res = dec.generate(PROMPT, "sd", max_new_tokens=3, gamma=2, sampling=SamplingConfig(1.0, seed=s),
+                           drafter_opts={"draft_vocab": rows})
+        counts[res.token_ids[0], res.token_ids[1]] += 1
+    assert counts[1::2].sum() > 0  # odd tokens (never drafted) are still produced, by the target
+    assert chi2_pvalue(counts.sum(1), exact.sum(1)) > ALPHA
+    assert chi2_pvalue(counts, exact) > ALPHA
+
+
+def test_frequent_ids_counts_and_keeps_specials(close):
+    tok = close.tokenizer
+    texts = ["aaaabbbccd"] * 3 + ["zz"]
+    always = special_ids(tok, close.eos)
+    assert close.eos <= always and len(always) >= 2
+    ids = frequent_ids(tok, len(always) + 3, texts, always)
+    a, b, c = (tok.convert_tokens_to_ids(x) for x in "abc")
+    assert ids == sorted(always | {a, b, c})  # the three most frequent, then ties cut; specials always
+    assert coverage(torch.tensor(ids), [a, b, a]) == 1.0
+    assert coverage(torch.tensor(ids), [a, tok.convert_tokens_to_ids("z")]) == 0.5
+
+
+def test_load_or_build_caches_and_refuses_bad_sizes(close, tmp_path, monkeypatch):
+    import pacer.draftvocab as dv
+
+    monkeypatch.setattr(dv, "sharegpt_texts", lambda conversations=0: ["hello there, general kenobi"] * 4)
+    rows = load_or_build(close, 40, home=tmp_path)
+    assert len(rows) == 40 and rows.tolist() == sorted(rows.tolist())
+    files = list((tmp_path / "draft-vocab").glob("*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text())["ids"] == rows.tolist()
+
+    def boom(conversations=0):
+        raise AssertionError("counted again instead of reading the cache")
+
+    monkeypatch.setattr(dv, "sharegpt_texts", boom)
+    assert torch.equal(load_or_build(close, 40, home=tmp_path), rows)
+    for bad in (3, 259, 10_000):
+        with pytest.raises(PacerError, match="--draft-vocab must be 0"):
+            load_or_build(close, bad, home=tmp_path)
+
+
+def test_bench_method_option_end_to_end(tmp_path, capsys, monkeypatch):
+    import pacer.draftvocab as dv
+    from pacer.bench import records as rec_io
+    from pacer.cli import main
+
+    spec = parse_methods("ar,sd:gamma=4:draft_vocab=32768,pacer:draft_vocab=0")
+    assert spec[1].generate_kwargs()["drafter_opts"] == {"draft_vocab": 32768}
+    with pytest.raises(PacerError, match="hf-assisted takes"):
+        parse_methods("hf-assisted:draft_vocab=100")
+    with pytest.raises(PacerError, match="ngram is an option of"):
+        parse_methods("sd:ngram=3")
+    monkeypatch.setenv("PACER_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(dv, "sharegpt_texts", lambda conversations=0: ["the quick brown fox, 1 2 3"] * 8)
+    out = tmp_path / "b"
+    assert main(["bench", "--quick", "--n", "2", "--max-new-tokens", "10", "--no-progress", "--out", str(out),
+                 "--methods", "ar,sd:gamma=3:draft_vocab=64,sd:gamma=3"]) == 0
+    recs, _ = rec_io.read_answers(out / "answers.jsonl")
+    assert {r["method"] for r in recs} == {"ar", "sd:gamma=3:draft_vocab=64", "sd:gamma=3"}
+    assert all(r["lossless"] for r in recs if r["method"] != "ar")
+    assert list((tmp_path / "home" / "draft-vocab").glob("*-64-sharegpt.json"))
+    capsys.readouterr()
