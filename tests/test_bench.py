@@ -247,18 +247,25 @@ def test_resume_after_interruption(close, tmp_path, monkeypatch):
     assert len(two_turn["choices"][0]["new_tokens"]) == 2
 
 
-def test_losslessness_flag_fires_on_planted_difference(close, tmp_path, monkeypatch, capsys):
+def plant_difference(monkeypatch, label: str, index: int) -> None:
+    """Make every output of method ``label`` differ from the real one at token ``index`` (a token the target did
+    not choose)."""
     import pacer.bench.runner as runner
 
     real = runner.run_turn
 
     def planted(dec, spec, ids, m, reference=None):
         out = real(dec, spec, ids, m, reference)
-        if spec.label == "sd:gamma=3":
-            out.token_ids = out.token_ids[:4] + [(out.token_ids[4] + 1) % 256] + out.token_ids[5:]
+        if spec.label == label:
+            t = out.token_ids
+            out.token_ids = t[:index] + [(t[index] + 1) % 256] + t[index + 1:]
         return out
 
     monkeypatch.setattr(runner, "run_turn", planted)
+
+
+def test_losslessness_flag_fires_on_planted_difference(close, tmp_path, monkeypatch, capsys):
+    plant_difference(monkeypatch, "sd:gamma=3", 4)
     specs = parse_methods("ar,sd:gamma=3,heuristic")
     bench = Bench(close, specs, QUESTIONS[:1], tmp_path, 12, progress=False)
     bench.run()
@@ -387,17 +394,7 @@ def test_second_run_on_a_busy_folder_is_refused(tmp_path, capsys):
 def test_recheck_lossless_rediagnoses_recorded_differences(tmp_path, capsys, monkeypatch):
     """A run whose record carries a stale (wrong) diagnosis: --recheck-lossless recomputes it from the rebuilt
     prompt with the current criterion, keeps every other field and rebuilds the report."""
-    from pacer.bench import runner
-
-    real = runner.run_turn
-
-    def planted(dec, spec, ids, m, reference=None):
-        out = real(dec, spec, ids, m, reference)
-        if spec.label == "sd:gamma=2":
-            out.token_ids = out.token_ids[:3] + [(out.token_ids[3] + 1) % 256] + out.token_ids[4:]
-        return out
-
-    monkeypatch.setattr(runner, "run_turn", planted)
+    plant_difference(monkeypatch, "sd:gamma=2", 3)
     out = tmp_path / "b"
     assert main(["bench", "--quick", "--n", "2", "--max-new-tokens", "8", "--no-progress", "--out", str(out),
                  "--methods", "ar,sd:gamma=2"]) == 0
