@@ -158,3 +158,38 @@ def test_bench_method_option_end_to_end(tmp_path, capsys, monkeypatch):
     assert all(r["lossless"] for r in recs if r["method"] != "ar")
     assert list((tmp_path / "home" / "draft-vocab").glob("*-64-sharegpt.json"))
     capsys.readouterr()
+
+
+def test_auto_reduces_only_large_vocabularies_and_falls_back(close, capsys, monkeypatch):
+    from types import SimpleNamespace
+
+    import pacer.draftvocab as dv
+
+    assert dv.auto_size(close) == 0 and close.draft_rows("auto") is None  # 259 tokens: nothing to gain
+    head = SimpleNamespace(weight=torch.empty(151936, 0))
+    big = SimpleNamespace(draft_info=SimpleNamespace(model=SimpleNamespace(get_output_embeddings=lambda: head)),
+                          tokenizer=object())
+    assert dv.auto_size(big) == dv.AUTO_SIZE
+    # auto with a corpus that cannot be read: the full vocabulary, and a note says why
+    monkeypatch.setattr(dv, "auto_size", lambda dec: 64)
+
+    def missing(conversations=0):
+        raise PacerError("the ShareGPT data is not installed; run `bash scripts/setup.sh`")
+
+    monkeypatch.setattr(dv, "sharegpt_texts", missing)
+    from pacer import Decoder
+
+    dec = Decoder(close.target_info, close.draft_info, threads=1)
+    assert dec.draft_vocab == "auto" and dec.make_drafter("sd").model.rows is None
+    assert "drafting from the full vocabulary (the ShareGPT data is not installed" in capsys.readouterr().err
+    with pytest.raises(PacerError, match="not installed"):  # asked for explicitly: an error
+        dec.draft_rows(64)
+
+
+def test_cli_draft_vocab_values(capsys):
+    from pacer.cli import main
+    from pacer.draftvocab import parse
+
+    assert parse("auto") == "auto" and parse("0") == 0 and parse("32768") == 32768
+    assert main(["generate", "hi", "--draft-vocab", "lots"]) == 2
+    assert "--draft-vocab must be auto or a number of tokens" in capsys.readouterr().err

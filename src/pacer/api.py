@@ -40,10 +40,11 @@ class Decoder:
     """A target model, an optional draft model and their tokenizer, loaded once for many generations."""
 
     def __init__(self, target: models.LoadedModel, draft: models.LoadedModel | None = None,
-                 threads: int | None = None, draft_vocab: int | Sequence[int] | None = None) -> None:
+                 threads: int | None = None, draft_vocab: int | str | Sequence[int] | None = "auto") -> None:
         """``draft_vocab``: the default reduced draft vocabulary of every drafting method (see
-        :mod:`pacer.draftvocab`): ``None``/0 the full vocabulary, an int ``S`` the ``S`` most frequent tokens of
-        the held-out corpus, or explicit token ids."""
+        :mod:`pacer.draftvocab`): ``"auto"`` (the default) 32,768 tokens when the draft's vocabulary is large
+        enough for that to pay, else the full one; ``None``/0 the full vocabulary; an int ``S`` the ``S`` most
+        frequent tokens of the held-out corpus; or explicit token ids."""
         self.threads = models.set_threads(threads)
         self.draft_vocab = draft_vocab
         self._draft_rows: dict[int, torch.Tensor] = {}
@@ -63,14 +64,28 @@ class Decoder:
     @classmethod
     def from_pretrained(cls, target: str = "default-target", draft: str | None = "default-draft",
                         dtype: str = "bfloat16", threads: int | None = None, progress: bool = True,
-                        draft_vocab: int | Sequence[int] | None = None) -> Decoder:
+                        draft_vocab: int | str | Sequence[int] | None = "auto") -> Decoder:
         """Load a pair: ``default-target``/``default-draft``, HF model folders or ``.gguf`` files."""
         t = models.load_model(target, dtype, progress=progress)
         d = models.load_model(draft, dtype, progress=progress) if draft else None
         return cls(t, d, threads, draft_vocab)
 
-    def draft_rows(self, draft_vocab: int | Sequence[int] | torch.Tensor | None) -> torch.Tensor | None:
+    def draft_rows(self, draft_vocab: int | str | Sequence[int] | torch.Tensor | None) -> torch.Tensor | None:
         """The draft's kept vocabulary rows for a ``draft_vocab`` setting (``None`` for the full vocabulary)."""
+        if draft_vocab == "auto":
+            from .draftvocab import auto_size
+
+            draft_vocab = auto_size(self)
+            if draft_vocab and draft_vocab not in self._draft_rows:
+                try:
+                    self._draft_rows[draft_vocab] = self.draft_rows(draft_vocab)
+                except PacerError as e:  # e.g. the corpus is not installed: draft from the full vocabulary
+                    import sys
+
+                    print(f"pacer: note: drafting from the full vocabulary ({e})", file=sys.stderr)
+                    draft_vocab = None
+        if isinstance(draft_vocab, str):
+            raise PacerError(f"--draft-vocab must be auto or a number of tokens, got {draft_vocab!r}")
         if draft_vocab is None or (isinstance(draft_vocab, int) and draft_vocab == 0):
             return None
         if isinstance(draft_vocab, bool):

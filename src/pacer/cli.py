@@ -21,9 +21,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
                    help="weights dtype (bfloat16 is the fast one on CPUs with bf16 support)")
     g.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
-    g.add_argument("--draft-vocab", type=int, default=None, metavar="S",
-                   help="draft only from the S most frequent tokens (its LM head shrinks; lossless: the target "
-                        "still scores every token); 0 = the full vocabulary")
+    g.add_argument("--draft-vocab", default="auto", metavar="S",
+                   help="draft only from the S most frequent tokens and the prompt's (the draft's LM head shrinks; "
+                        "lossless: the target still scores every token); 0 = the full vocabulary; auto (default): "
+                        "32768 for a draft vocabulary of 131072 tokens or more, else the full one")
 
 
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
@@ -243,6 +244,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     start = time.perf_counter()
     try:
+        if hasattr(args, "draft_vocab"):
+            from .draftvocab import parse
+
+            args.draft_vocab = parse(args.draft_vocab)
         return int(args.func(args) or 0)
     except PacerError as e:
         print(f"pacer: error: {e}", file=sys.stderr)

@@ -83,6 +83,33 @@ def special_ids(tokenizer, eos: Iterable[int] = ()) -> set[int]:
     return out
 
 
+#: the size ``--draft-vocab auto`` uses, and the smallest draft vocabulary it reduces (below, the head is too small a
+#: part of the draft for the misses to pay)
+AUTO_SIZE = 32768
+AUTO_MIN_VOCAB = 4 * AUTO_SIZE
+
+
+def auto_size(decoder) -> int:
+    """What ``--draft-vocab auto`` means for ``decoder``'s draft: :data:`AUTO_SIZE`, or 0 (the full vocabulary) for
+    a draft vocabulary under :data:`AUTO_MIN_VOCAB` tokens or a pair without a tokenizer."""
+    info = decoder.draft_info
+    if info is None or decoder.tokenizer is None:
+        return 0
+    vocab = int(info.model.get_output_embeddings().weight.shape[0])
+    return AUTO_SIZE if vocab >= AUTO_MIN_VOCAB else 0
+
+
+def parse(text: str) -> int | str:
+    """``--draft-vocab``: ``auto`` or a number of tokens (0: the full vocabulary)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise PacerError(f"--draft-vocab must be auto or a number of tokens (0: the full vocabulary), got "
+                         f"{text!r}") from None
+
+
 def check_size(size: int, vocab: int) -> None:
     if not MIN_SIZE <= size < vocab:
         raise PacerError(f"--draft-vocab must be 0 (the full vocabulary) or between {MIN_SIZE} and {vocab - 1} "

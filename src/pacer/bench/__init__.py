@@ -110,8 +110,7 @@ def command_line(args: argparse.Namespace, methods: str) -> str:
         parts += ["--target", args.target, "--draft", args.draft, "--dtype", args.dtype]
     if args.threads:
         parts += ["--threads", str(args.threads)]
-    if args.draft_vocab is not None:
-        parts += ["--draft-vocab", str(args.draft_vocab)]
+    parts += ["--draft-vocab", str(args.draft_vocab)]
     parts += ["--out", str(args.out)]
     return shlex.join(parts)
 
@@ -280,6 +279,9 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
     }
     if args.resume and previous:
         for k in PINNED:
+            if k == "draft_vocab":  # runs from before --draft-vocab drafted from the full vocabulary (0)
+                previous.setdefault(k, 0)
+                previous[k] = 0 if previous[k] is None else previous[k]
             if k in previous and previous[k] != config[k]:
                 raise PacerError(f"--resume: {out} was run with {k}={previous[k]!r}, this run has "
                                  f"{config[k]!r}; use the same settings or another --out")
