@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-300}
 block=${2:-1}
-common=(--max-new-tokens 48 --max-draft 16 --layers -13,-1 --seed 0 --shard-size 2 --threads 1)
+common=(--max-new-tokens 48 --max-draft 16 --layers=-13,-1 --seed 0 --shard-size 2 --threads 1)
 .venv/bin/pacer collect --out runs/collect --n "$n" "${common[@]}" &
 .venv/bin/pacer collect --out runs/collect_b --n "$n" --skip 3000 "${common[@]}" &
 wait

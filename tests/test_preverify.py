@@ -216,3 +216,21 @@ def test_train_refuses_layers_that_were_not_recorded(tmp_path):
         train(data, None, "pacer", hidden_layers=(-1, 5), log=None)
     with pytest.raises(PacerError, match="--val-frac must be in"):
         train(data, None, "pacer", val_frac=1.0, log=None)
+
+
+def test_retune_rechooses_the_threshold_for_new_costs(tmp_path):
+    """A cheaper draft makes longer drafts pay: retuning moves the threshold down (drafts go on more often);
+    ``held_out`` tunes on every round of the data, the default on its validation split only."""
+    from pacer.preverify.train import retune
+
+    data = synthetic_collection(tmp_path / "data", rounds=200)
+    train(data, tmp_path / "ckpt", "pacer", block=1, epochs=3, seed=0, log=None, check_seconds=1e-4)
+    before = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    cheap = Costs(COSTS.draft / 10, COSTS.target)
+    split_cfg = retune(tmp_path / "ckpt", data, cheap)
+    held = retune(tmp_path / "ckpt", data, cheap, held_out=True)
+    assert held["tuned"]["rounds"] == 200 > split_cfg["tuned"]["rounds"] == before["train"]["rounds_val"]
+    assert held["tuned"]["held_out"] and not split_cfg["tuned"]["held_out"]
+    assert held["threshold"] <= before["threshold"] and held["costs"]["draft"] == pytest.approx(cheap.draft)
+    on_disk = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    assert on_disk["threshold"] == held["threshold"] and on_disk["tuned"] == held["tuned"]

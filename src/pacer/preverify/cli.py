@@ -85,7 +85,7 @@ def cmd_tune(args) -> int:
         atomic_write_text(Path(args.measure_costs), json.dumps(costs.to_dict(), indent=2) + "\n")
         print(json.dumps(costs.to_dict(), indent=2))
     if args.checkpoint:
-        cfg = retune(Path(args.checkpoint), Path(args.data), costs, args.min_draft)
+        cfg = retune(Path(args.checkpoint), Path(args.data), costs, args.min_draft, args.held_out)
         print(f"threshold {cfg['threshold']} (predicted speedup {cfg['validation']['predicted_speedup']}x)")
     return 0
 
@@ -124,5 +124,8 @@ def register(sub, add_model_args, add_decoding_args) -> None:
     u.add_argument("--data", default=None)
     u.add_argument("--costs", default=None)
     u.add_argument("--min-draft", type=int, default=None)
+    u.add_argument("--held-out", action="store_true",
+                   help="--data holds no prompt the checkpoint was trained on: tune on all of it (default: its "
+                        "validation split)")
     add_model_args(u)
     u.set_defaults(func=cmd_tune)

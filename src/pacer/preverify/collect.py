@@ -132,6 +132,8 @@ def collect(decoder, out_dir: Path, n_prompts: int, max_new_tokens: int = 48, sp
             raise PacerError(f"{out_dir} holds data collected with other settings or models; use a new --out folder")
     else:
         manifest = {**ident, "shards": [], "prompts_done": 0, "tokens": 0, "rounds": 0, "seconds": 0.0}
+    rows = decoder.draft_rows(decoder.draft_vocab)  # the draft's vocabulary changes its features: say which
+    manifest.setdefault("draft_vocab", 0 if rows is None else len(rows))
     prompts = load_prompts(decoder, n_prompts, seed, skip)
     rec = Recorder(spec=spec)
     rec.round_id = manifest["rounds"]  # round ids stay unique across resumed runs

@@ -432,19 +432,23 @@ def measure_costs(decoder, context: int = 200, reps: int = 5) -> Costs:
     return Costs(out[("draft", 1)], {k: out[("target", k)] for k in (1, 2, 4, 8, 12, 16, 24)})
 
 
-def retune(ckpt: Path, data_dir: Path, costs: Costs, min_draft: int | None = None) -> dict:
-    """Re-choose the threshold of an existing checkpoint for new costs (e.g. measured on another machine)."""
+def retune(ckpt: Path, data_dir: Path, costs: Costs, min_draft: int | None = None, held_out: bool = False) -> dict:
+    """Re-choose the threshold of an existing checkpoint for new costs (e.g. measured on another machine, or with a
+    reduced draft vocabulary). It is tuned on the validation split of ``data_dir``, or on all of it with
+    ``held_out`` (a collection none of whose prompts trained the checkpoint)."""
     from .policy import load_checkpoint
 
     model, mu, sd, cfg = load_checkpoint(ckpt)
     data, manifest = load_dataset(data_dir)
     spec = FeatureSpec.from_dict(cfg["feature_spec"])
     rounds = to_rounds(data, spec.max_draft)
-    _, va = split(rounds, cfg["train"]["val_frac"], cfg["train"]["seed"])
+    va = rounds if held_out else split(rounds, cfg["train"]["val_frac"], cfg["train"]["seed"])[1]
     md = cfg["min_draft"] if min_draft is None else min_draft
     costs = Costs(costs.draft, costs.target, float(cfg.get("check_seconds", costs.policy_per_check)))
     report = evaluate(cfg["kind"], model, va, mu, sd, cfg["block"], costs, md)
     cfg.update(threshold=report["threshold"], costs=costs.to_dict(), min_draft=md,
-               validation={k: v for k, v in report.items() if k != "sweep"}, sweep=report["sweep"])
+               validation={k: v for k, v in report.items() if k != "sweep"}, sweep=report["sweep"],
+               tuned={"data": str(data_dir), "rounds": len(va), "held_out": held_out,
+                      "draft_vocab": manifest.get("draft_vocab", "not recorded")})
     atomic_write_text(Path(ckpt) / "config.json", json.dumps(cfg, indent=2) + "\n")
     return cfg
