@@ -47,7 +47,7 @@ class Decoder:
         frequent tokens of the held-out corpus; or explicit token ids."""
         self.threads = models.set_threads(threads)
         self.draft_vocab = draft_vocab
-        self._draft_rows: dict[int, torch.Tensor] = {}
+        self._draft_rows: dict[int | str, torch.Tensor | None] = {}
         self.target_info = target
         self.draft_info = draft
         self.tokenizer = target.tokenizer
@@ -72,18 +72,19 @@ class Decoder:
 
     def draft_rows(self, draft_vocab: int | str | Sequence[int] | torch.Tensor | None) -> torch.Tensor | None:
         """The draft's kept vocabulary rows for a ``draft_vocab`` setting (``None`` for the full vocabulary)."""
-        if draft_vocab == "auto":
-            from .draftvocab import auto_size
+        if draft_vocab == "auto":  # resolved once per decoder; a failure is said once and remembered
+            if "auto" not in self._draft_rows:
+                from .draftvocab import auto_size
 
-            draft_vocab = auto_size(self)
-            if draft_vocab and draft_vocab not in self._draft_rows:
+                size, rows = auto_size(self), None
                 try:
-                    self._draft_rows[draft_vocab] = self.draft_rows(draft_vocab)
+                    rows = self.draft_rows(size) if size else None
                 except PacerError as e:  # e.g. the corpus is not installed: draft from the full vocabulary
                     import sys
 
                     print(f"pacer: note: drafting from the full vocabulary ({e})", file=sys.stderr)
-                    draft_vocab = None
+                self._draft_rows["auto"] = rows
+            return self._draft_rows["auto"]
         if isinstance(draft_vocab, str):
             raise PacerError(f"--draft-vocab must be auto or a number of tokens, got {draft_vocab!r}")
         if draft_vocab is None or (isinstance(draft_vocab, int) and draft_vocab == 0):
@@ -210,14 +211,12 @@ class Decoder:
                 autoregressive_generate(self.target, ids, out, sampling, stats)
             else:
                 policy = policy or self.make_policy(method, gamma, min_draft, max_draft, **(policy_opts or {}))
-                if isinstance(policy, OraclePolicy) and policy.agree is None:
-                    if not sampling.greedy:
-                        raise PacerError("the oracle is defined for greedy decoding only (--temperature 0)")
-                    if reference is None:
-                        ref = self.generate(ids, "ar", max_new_tokens, sampling, stop=stop)
-                        reference = ref.token_ids
+                if isinstance(policy, OraclePolicy) and policy.agree is None and not sampling.greedy:
+                    raise PacerError("the oracle is defined for greedy decoding only (--temperature 0)")
                 drafter = drafter or self.make_drafter(method, **(drafter_opts or {}))
                 if isinstance(policy, OraclePolicy) and policy.agree is None:
+                    if reference is None:
+                        reference = self.generate(ids, "ar", max_new_tokens, sampling, stop=stop).token_ids
                     rows = getattr(getattr(drafter, "model", None), "rows", None)
                     policy.agree = oracle_agreement(self.draft_info.model, ids, reference, rows)
                 needs_soft = bool(getattr(policy, "needs_soft", False))

@@ -201,12 +201,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
         lock.close()
 
 
+def _load_decoder(args: argparse.Namespace):
+    """The run's pair (tiny random models under ``--quick``) and the names it is recorded under:
+    ``(decoder, target, draft, dtype)``."""
+    from ..api import Decoder
+
+    if args.quick:
+        from ..tiny import tiny_pair
+
+        dec = Decoder(*tiny_pair("close"), threads=args.threads, draft_vocab=args.draft_vocab)
+        return dec, "tiny-close-target", "tiny-close-draft", "float32"
+    dec = Decoder.from_pretrained(args.target, args.draft, args.dtype, args.threads, draft_vocab=args.draft_vocab)
+    return dec, args.target, args.draft, args.dtype
+
+
 def recheck_lossless(out: Path) -> int:
     """Re-diagnose the recorded differences of the run in ``out`` (its ``answers.jsonl``) with the current
     :class:`pacer.decoding.Divergence` criterion. The prompts are rebuilt as the run built them (the question,
     the chat template and, for later turns, the method's own earlier answers); the answers file is rewritten
     atomically, then the report."""
-    from ..api import Decoder
     from ..cli import build_parser
     from ..models import atomic_write_text
     from . import records as rec_io
@@ -216,7 +229,10 @@ def recheck_lossless(out: Path) -> int:
     if not meta.get("command") or not (out / "answers.jsonl").exists():
         raise PacerError(f"--recheck-lossless: {out} holds no finished benchmark run (run.json with its command "
                          f"and answers.jsonl)")
+    from ..draftvocab import parse
+
     run_args = build_parser().parse_args(shlex.split(meta["command"])[1:])
+    run_args.draft_vocab = parse(run_args.draft_vocab)
     _validate(run_args)
     questions = {q.key: q for q in load_questions(run_args)}
     records = rec_io.repair(out / "answers.jsonl")
@@ -225,12 +241,7 @@ def recheck_lossless(out: Path) -> int:
     if not todo:
         print(f"pacer bench: no output in {out} differs from ar; nothing to recheck")
         return 0
-    if run_args.quick:
-        from ..tiny import tiny_pair
-
-        dec = Decoder(*tiny_pair("close"), threads=run_args.threads)
-    else:
-        dec = Decoder.from_pretrained(run_args.target, run_args.draft, run_args.dtype, run_args.threads)
+    dec, *_ = _load_decoder(run_args)
     changed = 0
     for r in todo:
         key = f"{r['dataset']}/{r['question_id']}"
@@ -258,19 +269,10 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
     import torch
     import transformers
 
-    from ..api import Decoder
     from ..models import atomic_write_text
     from .runner import Bench, warm_up
 
-    if args.quick:
-        from ..tiny import tiny_pair
-
-        dec = Decoder(*tiny_pair("close"), threads=args.threads, draft_vocab=args.draft_vocab)
-        target, draft, dtype = "tiny-close-target", "tiny-close-draft", "float32"
-    else:
-        dec = Decoder.from_pretrained(args.target, args.draft, args.dtype, args.threads,
-                                      draft_vocab=args.draft_vocab)
-        target, draft, dtype = args.target, args.draft, args.dtype
+    dec, target, draft, dtype = _load_decoder(args)
     config = {
         "target": target, "draft": draft, "dtype": dtype, "threads": dec.threads,
         "target_fingerprint": dec.target_info.fingerprint,
@@ -279,11 +281,11 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
     }
     if args.resume and previous:
         for k in PINNED:
-            if k == "draft_vocab":  # runs from before --draft-vocab drafted from the full vocabulary (0)
-                previous.setdefault(k, 0)
-                previous[k] = 0 if previous[k] is None else previous[k]
-            if k in previous and previous[k] != config[k]:
-                raise PacerError(f"--resume: {out} was run with {k}={previous[k]!r}, this run has "
+            if k not in previous and k != "draft_vocab":
+                continue
+            old = previous.get(k) or 0 if k == "draft_vocab" else previous[k]  # before the flag: full vocabulary
+            if old != config[k]:
+                raise PacerError(f"--resume: {out} was run with {k}={old!r}, this run has "
                                  f"{config[k]!r}; use the same settings or another --out")
 
     def log(msg: str) -> None:
