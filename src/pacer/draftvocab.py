@@ -2,9 +2,10 @@
 
 Why: the draft's LM head is a ``V x H`` matrix (151,936 x 896 in the default pair, 136M weights, as many as a third
 of the rest of the 0.5B draft), and on a CPU a forward over one token reads every weight once. Measured on this
-machine in bf16, one draft token costs ~82-100 ms with the full head and ~54-69 ms with a 32,768-row head: drafting
-is a third cheaper. The rows kept are the tokens most frequent in a held-out corpus (ShareGPT conversations, both
-sides; never the benchmark sets), plus every special token of the tokenizer (EOS and the chat markers).
+machine in bf16 (``pacer tune --measure-costs``), one draft token costs 63-64 ms with the full head and 44-54 ms
+with a 32,768-row head: drafting is a quarter to a third cheaper. The rows kept are the tokens most frequent in a
+held-out corpus (ShareGPT conversations, both sides; never the benchmark sets), plus every special token of the
+tokenizer (EOS and the chat markers).
 
 Lossless by construction, because only the *proposal* changes:
 
