@@ -10,11 +10,14 @@ Example::
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 
 import torch
 
 from . import models
+from .calibration import Calibration
+from .costs import CostAwarePolicy, Costs
 from .decoding import (
     CachedModel,
     Drafter,
@@ -40,19 +43,48 @@ class Decoder:
     """A target model, an optional draft model and their tokenizer, loaded once for many generations."""
 
     def __init__(self, target: models.LoadedModel, draft: models.LoadedModel | None = None,
-                 threads: int | None = None, draft_vocab: int | str | Sequence[int] | None = "auto") -> None:
+                 threads: int | None = None, draft_vocab: int | str | Sequence[int] | None = "auto",
+                 costs: Costs | None = None, progress: bool = True, draft_quant: str = "none",
+                 quantize: str = "none") -> None:
         """``draft_vocab``: the default reduced draft vocabulary of every drafting method (see
         :mod:`pacer.draftvocab`): ``"auto"`` (the default) 32,768 tokens when the draft's vocabulary is large
         enough for that to pay, else the full one; ``None``/0 the full vocabulary; an int ``S`` the ``S`` most
-        frequent tokens of the held-out corpus; or explicit token ids."""
+        frequent tokens of the held-out corpus; or explicit token ids.
+
+        ``costs``: the forward costs the cost-aware rule decides on (:mod:`pacer.costs`); by default they are
+        measured on this machine once and cached (:mod:`pacer.calibration`), the first time a method needs them.
+
+        ``draft_quant``: ``"int8"`` runs the draft's linear layers int8 weight-only (:mod:`pacer.quantize`; lossless:
+        the draft only proposes), ``"auto"`` does so where it measures faster on this machine (measured once, cached),
+        ``"none"`` keeps the draft's dtype. ``quantize="int8"`` quantizes the target too: a *different target*,
+        whose plain decoding is the baseline then (opt-in, never the default)."""
+        from . import quantize as q
+
+        q.check_kind(quantize)
+        if draft_quant != "auto":
+            q.check_kind(draft_quant)
         self.threads = models.set_threads(threads)
         self.draft_vocab = draft_vocab
+        self.progress = progress
+        self._calibrations: dict[int | None, Calibration] = {}
+        if costs is not None:
+            self._calibrations[None] = Calibration(costs, source="given")
+        self._given_costs = costs is not None
         self._draft_rows: dict[int | str, torch.Tensor | None] = {}
         self.target_info = target
         self.draft_info = draft
         self.tokenizer = target.tokenizer
         if draft is not None and target.tokenizer is not None and draft.tokenizer is not None:
             models.check_same_tokenizer(target.tokenizer, draft.tokenizer)
+        if quantize == "int8":
+            q.quantize_int8(target.model)
+        if draft is not None and (quantize == "int8" or draft_quant == "int8"):
+            q.quantize_int8(draft.model)
+        elif draft is not None and draft_quant == "auto":
+            from .calibration import choose_draft_quant
+
+            if choose_draft_quant(draft) == "int8":
+                q.quantize_int8(draft.model)
         self.target = CachedModel(target.model)
         self.vocab = target.vocab_size
         self.eos = models.eos_ids(target)
@@ -64,11 +96,33 @@ class Decoder:
     @classmethod
     def from_pretrained(cls, target: str = "default-target", draft: str | None = "default-draft",
                         dtype: str = "bfloat16", threads: int | None = None, progress: bool = True,
-                        draft_vocab: int | str | Sequence[int] | None = "auto") -> Decoder:
-        """Load a pair: ``default-target``/``default-draft``, HF model folders or ``.gguf`` files."""
+                        draft_vocab: int | str | Sequence[int] | None = "auto", draft_quant: str = "auto",
+                        quantize: str = "none") -> Decoder:
+        """Load a pair: ``default-target``/``default-draft``, HF model folders or ``.gguf`` files (see
+        :meth:`__init__` for ``draft_quant``, by default ``"auto"`` here, and ``quantize``)."""
+        from .quantize import check_kind
+
+        check_kind(quantize)
+        if draft_quant != "auto":
+            check_kind(draft_quant)
         t = models.load_model(target, dtype, progress=progress)
         d = models.load_model(draft, dtype, progress=progress) if draft else None
-        return cls(t, d, threads, draft_vocab)
+        return cls(t, d, threads, draft_vocab, progress=progress, draft_quant=draft_quant, quantize=quantize)
+
+    def calibration(self, rows: torch.Tensor | None = None, refresh: bool = False) -> Calibration:
+        """This machine's costs for this pair with draft vocabulary ``rows`` (cached; see
+        :mod:`pacer.calibration`). Costs given to the constructor are used for every vocabulary."""
+        if self._given_costs:
+            return self._calibrations[None]
+        key = None if rows is None else len(rows)
+        if refresh or key not in self._calibrations:
+            from .calibration import load_or_measure
+
+            cal = load_or_measure(self, rows, refresh=refresh, progress=self.progress)
+            for note in cal.notes:
+                print(f"pacer: note: {note}", file=sys.stderr)
+            self._calibrations[key] = cal
+        return self._calibrations[key]
 
     def draft_rows(self, draft_vocab: int | str | Sequence[int] | torch.Tensor | None) -> torch.Tensor | None:
         """The draft's kept vocabulary rows for a ``draft_vocab`` setting (``None`` for the full vocabulary)."""
@@ -130,14 +184,37 @@ class Decoder:
         return ids
 
     # --------------------------------------------------------------------------------------------- policies
-    def make_policy(self, method: str, gamma: int = 4, min_draft: int | None = None, max_draft: int | None = None,
-                    **opts) -> DraftPolicy:
-        """The draft-length policy behind ``method`` with its options (e.g. ``threshold``)."""
+    def make_policy(self, method: str, gamma: int | None = None, min_draft: int | None = None,
+                    max_draft: int | None = None, cost_aware: bool | None = None,
+                    rows: torch.Tensor | None = None, **opts) -> DraftPolicy:
+        """The draft-length policy behind ``method`` with its options (e.g. ``threshold``).
+
+        ``cost_aware`` (``None``: unless ``gamma`` or a ``threshold`` is given): wrap the policy in the cost-aware
+        rule of :mod:`pacer.costs` on this machine's costs for draft vocabulary ``rows``. Then a learned policy's
+        threshold and a rule's threshold give way to the cost rule (an explicit one is kept), and ``min_draft``
+        defaults to 0, so a round where nothing pays is a plain decoding step."""
+        explicit = gamma is not None or "threshold" in opts or "initial" in opts
+        aware = (not explicit) if cost_aware is None else bool(cost_aware)
+        if aware and min_draft is None:
+            min_draft = 0
         bounds = {k: v for k, v in (("min_draft", min_draft), ("max_draft", max_draft)) if v is not None}
         if method in ("pacer", "specdecpp", "pacer+ouroboros"):
             from .preverify.policy import load_policy
 
-            return load_policy(self, "specdecpp" if method == "specdecpp" else "pacer", bounds, opts)
+            if aware and "threshold" not in opts:
+                opts = {**opts, "threshold": None}
+            policy = load_policy(self, "specdecpp" if method == "specdecpp" else "pacer", bounds, opts)
+        else:
+            policy = self._rule_policy(method, 4 if gamma is None else gamma, bounds, opts, aware)
+        if not aware:
+            return policy
+        cal = self.calibration(rows)
+        costs = Costs(cal.costs.draft, cal.costs.target, policy.check_seconds)
+        # costs given to the Decoder are taken as they are; measured ones follow the loop's own timings
+        return CostAwarePolicy(policy, costs, source=cal.source, refine=0.0 if cal.source == "given" else 0.2)
+
+    @staticmethod
+    def _rule_policy(method: str, gamma: int, bounds: dict, opts: dict, aware: bool) -> DraftPolicy:
         if method not in METHODS or method == "ar":
             raise PacerError(f"unknown method '{method}'; choose one of {', '.join(METHODS)}")
         known = {"heuristic": ("initial",), "confidence": ("threshold",), "entropy": ("threshold",),
@@ -150,6 +227,8 @@ class Decoder:
             return POLICIES["sd"](gamma=gamma, **bounds)
         if method == "heuristic":
             return POLICIES["heuristic"](gamma=opts.pop("initial", gamma), **bounds, **opts)
+        if method in ("confidence", "entropy") and aware and "threshold" not in opts:
+            opts = {**opts, "threshold": None}  # the cost rule decides on the rule's survival proxy
         return POLICIES[method](**bounds, **opts)
 
     def make_drafter(self, method: str, **opts) -> Drafter:
@@ -179,7 +258,7 @@ class Decoder:
         method: str = "sd",
         max_new_tokens: int = 128,
         sampling: SamplingConfig | None = None,
-        gamma: int = 4,
+        gamma: int | None = None,
         min_draft: int | None = None,
         max_draft: int | None = None,
         stop: Sequence[str] = (),
@@ -191,10 +270,14 @@ class Decoder:
         reference: list[int] | None = None,
         policy_opts: dict | None = None,
         drafter_opts: dict | None = None,
+        cost_aware: bool | None = None,
     ) -> GenerationResult:
         """Generate from ``prompt`` with ``method`` (one of :data:`METHODS`); see :class:`GenerationStats`.
 
-        ``reference`` (the target's greedy output for this prompt) spares the oracle its own plain-decoding run.
+        ``gamma``: the draft length of ``sd``/``ouroboros`` (their cap when cost-aware; default 4), the initial
+        length of ``heuristic``. ``cost_aware``: see :meth:`make_policy` (default: on unless ``gamma`` or a
+        threshold is given). ``reference`` (the target's greedy output for this prompt) spares the oracle its own
+        plain-decoding run.
         """
         if method not in METHODS:
             raise PacerError(f"unknown method '{method}'; choose one of {', '.join(METHODS)}")
@@ -210,19 +293,25 @@ class Decoder:
             if method == "ar":
                 autoregressive_generate(self.target, ids, out, sampling, stats)
             else:
-                policy = policy or self.make_policy(method, gamma, min_draft, max_draft, **(policy_opts or {}))
-                if isinstance(policy, OraclePolicy) and policy.agree is None and not sampling.greedy:
+                if method == "oracle" and policy is None and not sampling.greedy:  # before any calibration
                     raise PacerError("the oracle is defined for greedy decoding only (--temperature 0)")
                 drafter = drafter or self.make_drafter(method, **(drafter_opts or {}))
-                if isinstance(policy, OraclePolicy) and policy.agree is None:
+                policy = policy or self.make_policy(method, gamma, min_draft, max_draft, cost_aware,
+                                                    drafter.vocab_rows(), **(policy_opts or {}))
+                if isinstance(policy, CostAwarePolicy) and not sampling.greedy:
+                    policy.refine = 0.0  # decisions from the calibration only: a seeded sample stays reproducible
+                oracle = policy.inner if isinstance(policy, CostAwarePolicy) else policy
+                if isinstance(oracle, OraclePolicy) and oracle.agree is None and not sampling.greedy:
+                    raise PacerError("the oracle is defined for greedy decoding only (--temperature 0)")
+                if isinstance(oracle, OraclePolicy) and oracle.agree is None:
                     if reference is None:
                         reference = self.generate(ids, "ar", max_new_tokens, sampling, stop=stop).token_ids
-                    rows = getattr(getattr(drafter, "model", None), "rows", None)
-                    policy.agree = oracle_agreement(self.draft_info.model, ids, reference, rows)
-                needs_soft = bool(getattr(policy, "needs_soft", False))
-                speculative_generate(self.target, drafter, policy, ids, out, sampling, stats, needs_soft)
+                    oracle.agree = oracle_agreement(self.draft_info.model, ids, reference, drafter.vocab_rows())
+                speculative_generate(self.target, drafter, policy, ids, out, sampling, stats)
                 if hasattr(drafter, "report"):
                     extra["drafter"] = drafter.report()
+                if isinstance(policy, CostAwarePolicy):
+                    extra["cost_aware"] = policy.report().to_dict()
         stats.new_tokens = len(out.ids)
         # a budget cut short by the context window ends as "length" inside Output; report it as "context"
         cut = out.finish_reason == "length" and budget < max_new_tokens

@@ -10,8 +10,12 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .errors import PacerError
+
+if TYPE_CHECKING:
+    from .api import Decoder
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -21,10 +25,25 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
                    help="weights dtype (bfloat16 is the fast one on CPUs with bf16 support)")
     g.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
+    g.add_argument("--draft-quant", choices=["auto", "none", "int8"], default="auto",
+                   help="int8 weight-only draft (lossless: the draft only proposes); auto (default): where it "
+                        "measures faster on this machine")
+    g.add_argument("--quantize", choices=["none", "int8"], default="none",
+                   help="int8 weight-only target AND draft: a different, faster target (its own plain decoding is "
+                        "the baseline; outputs differ from the bf16 target's)")
     g.add_argument("--draft-vocab", default="auto", metavar="S",
                    help="draft only from the S most frequent tokens and the prompt's (the draft's LM head shrinks; "
                         "lossless: the target still scores every token); 0 = the full vocabulary; auto (default): "
                         "32768 for a draft vocabulary of 131072 tokens or more, else the full one")
+
+
+def load_decoder(args: argparse.Namespace, draft: str | None = "") -> Decoder:
+    """The pair the model arguments name (``draft=None``: no draft)."""
+    from .api import Decoder
+
+    return Decoder.from_pretrained(args.target, args.draft if draft == "" else draft, args.dtype, args.threads,
+                                   draft_vocab=args.draft_vocab, draft_quant=args.draft_quant,
+                                   quantize=args.quantize)
 
 
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
@@ -32,7 +51,12 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
 
     g = p.add_argument_group("decoding")
     g.add_argument("--method", default="sd", help=f"one of: {', '.join(METHODS)}")
-    g.add_argument("--gamma", type=int, default=4, help="draft length for sd (initial length for heuristic)")
+    g.add_argument("--gamma", type=int, default=None,
+                   help="draft length for sd/ouroboros (default 4, then only the cap of the cost-aware rule); "
+                        "initial length for heuristic")
+    g.add_argument("--cost-aware", choices=["auto", "on", "off"], default="auto",
+                   help="draft a token only where it pays on this machine's measured costs (auto: unless --gamma "
+                        "or --threshold is given)")
     g.add_argument("--min-draft", type=int, default=None, help="lower bound on draft tokens per round")
     g.add_argument("--max-draft", type=int, default=None, help="upper bound on draft tokens per round")
     g.add_argument("--threshold", type=float, default=None,
@@ -60,6 +84,10 @@ def policy_opts(args: argparse.Namespace) -> dict:
     return opts
 
 
+def cost_aware(args: argparse.Namespace) -> bool | None:
+    return {"auto": None, "on": True, "off": False}[args.cost_aware]
+
+
 def drafter_opts(args: argparse.Namespace) -> dict:
     names = {"ngram": "ngram", "pool_size": "pool_size", "candidates": "candidates"}
     return {v: getattr(args, k) for k, v in names.items() if getattr(args, k, None) is not None}
@@ -72,12 +100,14 @@ def check_args(args: argparse.Namespace) -> None:
         raise PacerError(f"unknown method '{args.method}'; choose one of {', '.join(METHODS)}")
     if args.max_new_tokens <= 0:
         raise PacerError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.gamma <= 0:
+    if args.gamma is not None and args.gamma <= 0:
         raise PacerError(f"--gamma must be >= 1, got {args.gamma}")
     if args.min_draft is not None and args.max_draft is not None and args.min_draft > args.max_draft:
         raise PacerError(f"--min-draft ({args.min_draft}) must not exceed --max-draft ({args.max_draft})")
     if args.threads is not None and args.threads <= 0:
         raise PacerError(f"--threads must be >= 1, got {args.threads}")
+    if args.method == "oracle" and args.temperature > 0:
+        raise PacerError("the oracle is defined for greedy decoding only (--temperature 0)")
     from .sampling import SamplingConfig
 
     SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
@@ -122,7 +152,6 @@ class TextStreamer:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .api import Decoder
     from .sampling import SamplingConfig
 
     check_args(args)
@@ -130,13 +159,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not prompt.strip():
         raise PacerError("the prompt is empty; pass some text (or '-' to read standard input)")
     draft = None if args.method == "ar" else args.draft
-    dec = Decoder.from_pretrained(args.target, draft, args.dtype, args.threads, draft_vocab=args.draft_vocab)
+    dec = load_decoder(args, draft)
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
     streamer = None if args.json else TextStreamer(dec.tokenizer, args.stop)
     res = dec.generate(
         prompt, args.method, args.max_new_tokens, sampling, args.gamma, args.min_draft, args.max_draft,
         stop=args.stop, chat=args.chat, on_tokens=streamer, policy_opts=policy_opts(args),
-        drafter_opts=drafter_opts(args),
+        drafter_opts=drafter_opts(args), cost_aware=cost_aware(args),
     )
     if args.json:
         print(json.dumps(res.to_dict()))
@@ -144,7 +173,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
         streamer.finish(res.text)
         print()
         print(res.stats.summary(), file=sys.stderr)
+        if "cost_aware" in res.extra:
+            print(cost_note(res.extra["cost_aware"]), file=sys.stderr)
     return 0
+
+
+def cost_note(rep: dict) -> str:
+    """One line on what the cost-aware rule did in a generation."""
+    from .costs import Costs
+
+    err = rep["calibration_error"]
+    return (f"[cost-aware] {rep['zero_rounds']}/{rep['rounds']} rounds drafted nothing (plain decoding steps); "
+            f"costs ({rep['source']}): {Costs.from_dict(rep['costs']).curve()}; per-token acceptance "
+            f"{rep['alpha']:.2f}" + (f", survival-score calibration error {err:.3f}" if err is not None else "")
+            + " (--cost-aware off, --gamma or --threshold to override)")
 
 
 DEMO_PROMPTS = [
@@ -162,7 +204,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     Exits 1 when an output differs from plain decoding and the target's top-2 logit gap at the first difference
     is not a near-tie (a real losslessness failure); 0 otherwise."""
-    from .api import Decoder
 
     if args.method == "auto":  # PACER with the shipped pre-verifier on the default pair, plain SD on other pairs
         args.method = "pacer" if args.draft == "default-draft" or args.preverifier else "sd"
@@ -173,16 +214,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if ignored:
         raise PacerError(f"pacer demo decodes greedily on its own prompts and takes no {', '.join(ignored)}; "
                          f"use pacer generate for that")
-    dec = Decoder.from_pretrained(args.target, args.draft, args.dtype, args.threads, draft_vocab=args.draft_vocab)
+    from .calibration import describe_cpu, weights_kind
+
+    dec = load_decoder(args)
     print(f"pacer demo: target {args.target}, draft {args.draft}, {args.dtype}, {dec.threads} threads, "
-          f"method {args.method}, {args.max_new_tokens} new tokens per prompt\n")
+          f"method {args.method}, {args.max_new_tokens} new tokens per prompt")
+    print(f"machine: {describe_cpu()}")
+    print(f"weights: target {weights_kind(dec.target_info)}, draft {weights_kind(dec.draft_info)}"
+          + (" (int8 weight-only: measured faster here; lossless, the draft only proposes)"
+             if weights_kind(dec.draft_info).startswith("int8") and args.quantize == "none" else ""))
     dec.generate("Hello", "ar", max_new_tokens=2)  # warm-up
+    cal = dec.calibration(dec.draft_rows(dec.draft_vocab))
+    print(f"measured costs ({cal.source}): {cal.costs.curve()}")
+    print(f"=> {cal.verdict()}\n")
     rows = []
     for kind, prompt in DEMO_PROMPTS:
         ar = dec.generate(prompt, "ar", args.max_new_tokens, chat=kind == "chat")
         sd = dec.generate(prompt, args.method, args.max_new_tokens, gamma=args.gamma, chat=kind == "chat",
                           min_draft=args.min_draft, max_draft=args.max_draft, policy_opts=policy_opts(args),
-                          drafter_opts=drafter_opts(args))
+                          drafter_opts=drafter_opts(args), cost_aware=cost_aware(args))
         same = ar.token_ids == sd.token_ids
         print("-" * 100)
         print(prompt.strip()[:200])
@@ -191,6 +241,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print("-" * 100)
         print(ar.stats.summary())
         print(sd.stats.summary())
+        if "cost_aware" in sd.extra:
+            print(cost_note(sd.extra["cost_aware"]))
         note = "identical to plain decoding" if same else "DIFFERS from plain decoding"
         real_diff = False
         if not same:
@@ -209,9 +261,44 @@ def cmd_demo(args: argparse.Namespace) -> int:
     real = sum(r[2] for r in rows)
     verdict = f"; FAILED: {real} output(s) differ from plain decoding where the target was NOT near a tie" \
         if real else ""
+    if median < 1.1:
+        c = cal.costs
+        print(f"why not faster: {cal.verdict()}; a draft token costs {c.draft / c.target_cost(1):.2f} of a "
+              f"target forward ({describe_cpu()})")
     print(f"median speedup of {args.method} over plain decoding: {median:.2f}x; "
           f"outputs identical: {sum(r[1] for r in rows)}/{len(rows)}{verdict}")
     return 1 if real else 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """Re-measure this machine's forward costs for a pair, cache them, print the curve (and plot it)."""
+    from .calibration import describe_cpu
+
+    if args.plot and not args.plot.lower().endswith(".png"):
+        raise PacerError(f"--plot takes a .png file name, got '{args.plot}'")
+    dec = load_decoder(args)
+    cal = dec.calibration(dec.draft_rows(dec.draft_vocab), refresh=True)
+    if args.json:
+        print(json.dumps(cal.to_dict(), indent=2))
+    else:
+        c = cal.costs
+        print(f"machine: {describe_cpu()}; {dec.threads} threads; torch {cal.key.get('torch')}")
+        print(f"pair: {args.target} + {args.draft}, {args.dtype}, draft vocabulary {cal.key.get('draft_rows')}")
+        print(f"{'k':>4} {'target ms':>10} {'ms per token':>13}  (one forward scoring k new tokens after "
+              f"{cal.key.get('context')} cached)")
+        for k in sorted({*c.target, 16}):
+            tag = "" if k in cal.measured else "  (interpolated)" if k < max(cal.measured, default=0) \
+                else "  (extrapolated)"
+            print(f"{k:>4} {c.target_cost(k) * 1e3:>10.1f} {c.target_cost(k) / k * 1e3:>13.1f}{tag}")
+        print(f"draft: {c.draft * 1e3:.1f} ms per token; target prefill: {cal.prefill * 1e3:.2f} ms per prompt "
+              f"token; measured in {cal.seconds:.1f}s{' (NOISY: not cached)' if cal.noisy else ''}")
+        print(f"=> {cal.verdict()}")
+    if args.plot:
+        from .calibration import plot
+
+        plot(cal, args.plot, describe_cpu())
+        print(f"plot: {args.plot}", file=sys.stderr)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -229,6 +316,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(d)
     add_decoding_args(d)
     d.set_defaults(func=cmd_demo, max_new_tokens=96, method="auto")
+    c = sub.add_parser("calibrate", help="measure this machine's forward costs (target vs k scored tokens, draft "
+                                         "token, prefill), cache and print them")
+    add_model_args(c)
+    c.add_argument("--plot", default=None, metavar="FILE.png", help="also plot the cost curve")
+    c.add_argument("--json", action="store_true", help="print the calibration as JSON")
+    c.set_defaults(func=cmd_calibrate)
     for mod in ("bench", "preverify.cli"):
         try:
             module = __import__(f"pacer.{mod}", fromlist=["register"])

@@ -236,6 +236,10 @@ class Drafter:
     def rollback(self, keep: int) -> None:
         """The committed sequence now has ``keep`` tokens that the drafter may have cached; drop the rest."""
 
+    def vocab_rows(self) -> torch.Tensor | None:
+        """The draft vocabulary rows the drafter proposes from (``None``: the full vocabulary)."""
+        return None
+
     def observe(self, tokens: list[int], target_argmax: list[int], accepted: int) -> None:
         """After verification: ``target_argmax[i]`` (``0 <= i <= γ``) is the target's greedy token after
         ``tokens + d_1..d_i`` (``γ + 1`` entries; branch rows are not included), ``accepted`` is ``n``. Phrase
@@ -300,6 +304,9 @@ class TokenDrafter(Drafter):
 
     def rollback(self, keep: int) -> None:
         self.model.crop(keep)
+
+    def vocab_rows(self) -> torch.Tensor | None:
+        return self.model.rows
 
 
 class Output:
@@ -377,7 +384,6 @@ def speculative_generate(
     out: Output,
     sampling: SamplingConfig,
     stats: GenerationStats,
-    needs_soft: bool = False,
 ) -> list[int]:
     """Speculative decoding with draft length chosen by ``policy`` (see the module docstring for the steps)."""
     gen = sampling.generator()
@@ -421,8 +427,8 @@ def speculative_generate(
         stats.record_round(γ + len(draft.extension), n + len(draft.extension))
         stats.draft_forwards += draft.forwards
         soft = acceptance_probs(draft.tokens, draft.state.prob, p if p is not None else torch.softmax(logits, -1)) \
-            if needs_soft else []
-        policy.update(draft.state, RoundResult(γ, n, soft))
+            if policy.needs_soft else []
+        policy.update(draft.state, RoundResult(γ, n, soft, t1 - t0 - draft.policy_time, t2 - t1, len(ids)))
         t3 = time.perf_counter()
         stats.time_draft += t1 - t0 - draft.policy_time
         stats.time_policy += draft.policy_time + (t3 - t2)

@@ -40,19 +40,33 @@ class DraftState:
 
 @dataclass
 class RoundResult:
-    """Verification outcome: ``accepted`` of ``drafted`` tokens, and soft acceptance ``min(1, p/q)`` per token."""
+    """Verification outcome: ``accepted`` of ``drafted`` tokens, soft acceptance ``min(1, p/q)`` per token (when the
+    policy ``needs_soft``), and the round's measured times: ``draft_seconds`` in draft forwards,
+    ``verify_seconds`` in the target forward that scored ``scored`` tokens."""
 
     drafted: int
     accepted: int
     soft: list[float] = field(default_factory=list)
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    scored: int = 0
 
 
 class DraftPolicy:
-    """Base class. Subclasses override :meth:`should_continue` and optionally :meth:`update` / :meth:`reset`."""
+    """Base class. Subclasses override :meth:`should_continue` and optionally :meth:`update` / :meth:`reset`,
+    and, to feed the cost-aware rule (:mod:`pacer.costs`), :meth:`survival`.
+
+    What a policy needs from the loop is declared here, never probed: ``hidden_layers`` (draft hidden states),
+    ``needs_soft`` (soft acceptance ``min(1, p/q)`` in every :class:`RoundResult`), ``check_seconds`` (what one
+    :meth:`should_continue` costs, for the cost model)."""
 
     name = "policy"
     #: draft layers whose hidden states the policy reads (``None``: no hidden states are gathered)
     hidden_layers: tuple[int, ...] | None = None
+    #: the loop computes ``RoundResult.soft`` for this policy
+    needs_soft: bool = False
+    #: seconds of one ``should_continue`` (``c_p``)
+    check_seconds: float = 0.0
 
     def __init__(self, min_draft: int = 1, max_draft: int = 16) -> None:
         if min_draft < 0 or max_draft <= 0 or min_draft > max_draft:
@@ -71,6 +85,16 @@ class DraftPolicy:
 
     def update(self, state: DraftState, result: RoundResult) -> None:
         """Called after every verification with the round's draft state and outcome."""
+
+    def survival(self, state: DraftState) -> float | None:
+        """A score in [0, 1] that grows with the probability that ``d_1..d_n`` are all accepted (``None``: the
+        policy has no such score). The cost-aware rule calibrates it against the verifier's verdicts."""
+        return None
+
+    def survival_next(self, state: DraftState) -> float | None:
+        """The exact probability that ``d_1..d_{n+1}`` would all be accepted, for a policy that knows it (the
+        oracle); ``None`` otherwise."""
+        return None
 
     def describe(self) -> str:
         return f"{self.name}(min={self.min_draft}, max={self.max_draft})"
@@ -118,18 +142,22 @@ class HeuristicPolicy(DraftPolicy):
 
 
 class ConfidencePolicy(DraftPolicy):
-    """Stop once the draft's top probability for the last token falls below ``threshold`` (HF-style)."""
+    """Stop once the draft's top probability for the last token falls below ``threshold`` (HF-style; llama.cpp's
+    ``--draft-p-min``). ``threshold=None``: no threshold; the survival proxy ``Π max q`` feeds the cost rule."""
 
     name = "confidence"
 
-    def __init__(self, threshold: float = 0.4, min_draft: int = 1, max_draft: int = 16) -> None:
+    def __init__(self, threshold: float | None = 0.4, min_draft: int = 1, max_draft: int = 16) -> None:
         super().__init__(min_draft, max_draft)
-        if not 0.0 <= threshold <= 1.0:
+        if threshold is not None and not 0.0 <= threshold <= 1.0:
             raise PacerError(f"confidence threshold must be in [0, 1], got {threshold}")
         self.threshold = threshold
 
     def should_continue(self, state: DraftState) -> bool:
-        return state.n == 0 or state.top_prob[-1] >= self.threshold
+        return state.n == 0 or self.threshold is None or state.top_prob[-1] >= self.threshold
+
+    def survival(self, state: DraftState) -> float:
+        return math.prod(state.top_prob)
 
 
 class EntropyPolicy(DraftPolicy):
@@ -141,14 +169,18 @@ class EntropyPolicy(DraftPolicy):
 
     name = "entropy"
 
-    def __init__(self, threshold: float = 1.0, min_draft: int = 1, max_draft: int = 16) -> None:
+    def __init__(self, threshold: float | None = 1.0, min_draft: int = 1, max_draft: int = 16) -> None:
         super().__init__(min_draft, max_draft)
-        if threshold < 0 or math.isnan(threshold):
+        if threshold is not None and (threshold < 0 or math.isnan(threshold)):
             raise PacerError(f"entropy threshold must be >= 0, got {threshold}")
         self.threshold = threshold
 
     def should_continue(self, state: DraftState) -> bool:
-        return state.n == 0 or state.entropy[-1] <= self.threshold
+        return state.n == 0 or self.threshold is None or state.entropy[-1] <= self.threshold
+
+    def survival(self, state: DraftState) -> float:
+        """``exp(-Σ H_i)``: 1 for a draft certain of every token, falling with every nat of doubt."""
+        return math.exp(-sum(state.entropy))
 
 
 class OraclePolicy(DraftPolicy):
@@ -167,6 +199,12 @@ class OraclePolicy(DraftPolicy):
             raise PacerError("the oracle policy needs the target's continuation; use Decoder.generate(method='oracle')")
         j = state.produced + state.n  # index (among generated tokens) of the token that would be drafted next
         return j < len(self.agree) and self.agree[j]
+
+    def survival(self, state: DraftState) -> float:
+        return 1.0  # it drafted only agreeing tokens
+
+    def survival_next(self, state: DraftState) -> float:
+        return 1.0 if self.should_continue(state) else 0.0
 
 
 POLICIES: dict[str, type[DraftPolicy]] = {

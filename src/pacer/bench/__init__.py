@@ -23,7 +23,7 @@ DEFAULT_METHODS = ("ar,sd:gamma=4,heuristic,confidence,entropy,oracle,hf-assiste
                    "hf-assisted:schedule=heuristic")
 #: settings that must match when a run is resumed (the rest - methods, questions, repeats - may grow)
 PINNED = ("target", "draft", "target_fingerprint", "draft_fingerprint", "dtype", "threads", "max_new_tokens",
-          "quick", "draft_vocab")
+          "quick", "draft_vocab", "target_weights", "draft_weights")
 
 
 def register(subparsers, add_model_args, add_decoding_args) -> None:
@@ -205,13 +205,14 @@ def _load_decoder(args: argparse.Namespace):
     """The run's pair (tiny random models under ``--quick``) and the names it is recorded under:
     ``(decoder, target, draft, dtype)``."""
     from ..api import Decoder
+    from ..cli import load_decoder
 
     if args.quick:
         from ..tiny import tiny_pair
 
         dec = Decoder(*tiny_pair("close"), threads=args.threads, draft_vocab=args.draft_vocab)
         return dec, "tiny-close-target", "tiny-close-draft", "float32"
-    dec = Decoder.from_pretrained(args.target, args.draft, args.dtype, args.threads, draft_vocab=args.draft_vocab)
+    dec = load_decoder(args)
     return dec, args.target, args.draft, args.dtype
 
 
@@ -269,6 +270,7 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
     import torch
     import transformers
 
+    from ..calibration import cpu_identity, describe_cpu, weights_kind
     from ..models import atomic_write_text
     from .runner import Bench, warm_up
 
@@ -278,6 +280,8 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
         "target_fingerprint": dec.target_info.fingerprint,
         "draft_fingerprint": dec.draft_info.fingerprint if dec.draft_info else None,
         "max_new_tokens": args.max_new_tokens, "quick": bool(args.quick), "draft_vocab": args.draft_vocab,
+        "target_weights": weights_kind(dec.target_info),
+        "draft_weights": weights_kind(dec.draft_info) if dec.draft_info else None,
     }
     if args.resume and previous:
         for k in PINNED:
@@ -326,7 +330,11 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
         "load_average_at_start": load_at_start,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
+        "cpu": describe_cpu(),
+        "cpu_identity": cpu_identity(),
     }
+    if dec.draft_info is not None:
+        meta["calibration"] = dec.calibration(dec.draft_rows(dec.draft_vocab)).to_dict()
     atomic_write_text(out / "run.json", json.dumps(meta, indent=2) + "\n")
     bench = Bench(dec, specs, questions, out, args.max_new_tokens, args.repeats, args.progress)
     total, finished = bench.units()

@@ -4,8 +4,9 @@ Every name in :data:`pacer.api.METHODS` goes through :meth:`pacer.api.Decoder.ge
 ``hf-assisted`` is transformers' own assisted generation on the same two loaded models (see
 :mod:`pacer.bench.hf`).
 
-Option keys: ``gamma``, ``min_draft`` (alias ``min``), ``max_draft`` (alias ``max``) go to ``generate``
-itself; ``ngram``, ``pool_size``, ``candidates`` to the drafter (Ouroboros), ``draft_vocab`` to the drafter of
+Option keys: ``gamma``, ``min_draft`` (alias ``min``), ``max_draft`` (alias ``max``), ``cost_aware``
+(``true``/``false``; default: on unless ``gamma`` or ``threshold`` is given) go to ``generate`` itself;
+``ngram``, ``pool_size``, ``candidates`` to the drafter (Ouroboros), ``draft_vocab`` to the drafter of
 any drafting method (a reduced draft vocabulary, :mod:`pacer.draftvocab`); any other key to the policy
 (``threshold``, ``path``, ``initial``, ...). A value ``A..B`` expands into one method per integer in
 ``A..B`` (``sd:gamma=2..8`` is seven methods). ``hf-assisted`` takes ``schedule``, ``tokens`` and
@@ -28,6 +29,8 @@ ANY_DRAFTER_KEYS = ("draft_vocab",)
 #: methods that draft phrase by phrase and take ``DRAFTER_KEYS``
 PHRASE_METHODS = ("ouroboros", "pacer+ouroboros")
 ALIASES = {"min": "min_draft", "max": "max_draft", "pool-size": "pool_size"}
+#: options that go to ``Decoder.generate`` itself
+GENERATE_KEYS = ("gamma", "min_draft", "max_draft", "cost_aware")
 #: methods whose policy takes only gamma and the bounds (make_policy would silently ignore other options)
 NO_POLICY_OPTS = ("sd", "ouroboros")
 
@@ -76,7 +79,7 @@ class MethodSpec:
         policy: dict = {}
         drafter: dict = {}
         for k, v in self.options:
-            if k in ("gamma", "min_draft", "max_draft"):
+            if k in GENERATE_KEYS:
                 kw[k] = v
             elif k in DRAFTER_KEYS:
                 drafter[k] = v
@@ -111,9 +114,11 @@ def _check(name: str, opts: list[tuple[str, object]], raw: str) -> None:
             raise PacerError(f"method '{raw}': {k} must be a non-negative integer, got {v!r}")
         if k == "gamma" and v == 0:
             raise PacerError(f"method '{raw}': gamma must be >= 1")
+        if k == "cost_aware" and not isinstance(v, bool):
+            raise PacerError(f"method '{raw}': cost_aware must be true or false, got {v!r}")
         if k in DRAFTER_KEYS and k not in ANY_DRAFTER_KEYS and name not in PHRASE_METHODS:
             raise PacerError(f"method '{raw}': {k} is an option of {', '.join(PHRASE_METHODS)} only")
-        if name in NO_POLICY_OPTS and k not in ("gamma", "min_draft", "max_draft", *DRAFTER_KEYS):
+        if name in NO_POLICY_OPTS and k not in (*GENERATE_KEYS, *DRAFTER_KEYS):
             raise PacerError(f"method '{raw}': {name} takes gamma, min, max only, not '{k}'")
 
 

@@ -107,10 +107,14 @@ def markdown(summary: dict, meta: dict) -> str:
     L.append(f"- command: `{meta.get('command', '?')}`")
     L.append(f"- git commit: `{meta.get('git_commit', 'unknown')}`" + (" (with uncommitted changes)"
                                                                       if meta.get("git_dirty") else ""))
-    for k in ("started", "updated", "target", "draft", "dtype", "threads", "max_new_tokens", "repeats",
+    for k in ("started", "updated", "cpu", "target", "draft", "dtype", "threads", "max_new_tokens", "repeats",
               "datasets", "selection", "load_average_at_start", "torch", "transformers"):
         if k in meta:
             L.append(f"- {k.replace('_', ' ')}: {meta[k]}")
+    cal = meta.get("calibration")
+    if cal:
+        L.append(f"- calibration ({cal.get('source')}{', noisy' if cal.get('noisy') else ''}): {cal.get('curve')}; "
+                 f"{cal.get('verdict')}")
     segs = meta.get("segments") or []
     if len(segs) > 1:
         L.append(f"- run in {len(segs)} segments (start, then `--resume`): " + "; ".join(

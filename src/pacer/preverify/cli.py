@@ -30,15 +30,14 @@ def read_costs(path: str):
 
 
 def cmd_collect(args) -> int:
-    from ..api import Decoder
+    from ..cli import load_decoder
     from .collect import collect
     from .features import FeatureSpec
     from .train import measure_costs
 
     if args.n <= 0 or args.max_new_tokens <= 0 or args.max_draft <= 0:
         raise PacerError("--n, --max-new-tokens and --max-draft must be >= 1")
-    dec = Decoder.from_pretrained(args.target, args.draft, args.dtype, args.threads,
-                                      draft_vocab=args.draft_vocab)
+    dec = load_decoder(args)
     spec = FeatureSpec(args.layers, int(dec.draft_info.model.config.hidden_size), args.max_draft)
     manifest = collect(dec, Path(args.out), args.n, args.max_new_tokens, spec, args.seed, args.shard_size,
                        args.skip)
@@ -76,11 +75,10 @@ def cmd_tune(args) -> int:
         raise PacerError("pacer tune --checkpoint needs --costs FILE or --measure-costs FILE")
     costs = read_costs(args.costs) if args.checkpoint and not args.measure_costs else None
     if args.measure_costs:
-        from ..api import Decoder
+        from ..cli import load_decoder
         from ..models import atomic_write_text
 
-        dec = Decoder.from_pretrained(args.target, args.draft, args.dtype, args.threads,
-                                      draft_vocab=args.draft_vocab)
+        dec = load_decoder(args)
         costs = measure_costs(dec)
         atomic_write_text(Path(args.measure_costs), json.dumps(costs.to_dict(), indent=2) + "\n")
         print(json.dumps(costs.to_dict(), indent=2))

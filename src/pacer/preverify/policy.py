@@ -81,15 +81,21 @@ class _LearnedPolicy(DraftPolicy):
         super().__init__(cfg.get("min_draft", 1) if min_draft is None else min_draft,
                          spec.max_draft if max_draft is None else max_draft)
         self.model, self.mu, self.sd, self.cfg, self.spec = model, mu, sd, cfg, spec
-        self.threshold = float(cfg["threshold"] if threshold is None else threshold)
+        #: ``None`` after construction: no threshold, the layer's survival score feeds the cost-aware rule
+        #: (:mod:`pacer.costs`); the constructor's ``None`` means the checkpoint's threshold
+        self.threshold: float | None = float(cfg["threshold"] if threshold is None else threshold)
         if not 0.0 <= self.threshold <= 1.0:
             raise PacerError(f"threshold must be in [0, 1], got {self.threshold}")
         self.hidden_layers = spec.hidden_layers
         self.hist = RoundHistory()
-        self.checks = 0
+        from .train import check_cost
+
+        self.check_seconds = check_cost(self.name, model, spec, reps=10)
+        self._score: tuple[int, float] = (-1, 1.0)
 
     def reset(self) -> None:
         self.hist.reset()
+        self._score = (-1, 1.0)
 
     def update(self, state: DraftState, result: RoundResult) -> None:
         self.hist.update(result.drafted, result.accepted)
@@ -111,18 +117,38 @@ class PacerPolicy(_LearnedPolicy):
         model.block = self.block
 
     @torch.inference_mode()
+    def block_score(self, state: DraftState) -> float:
+        """The layer's score that the draft survives through its last complete block (``P(d_1..d_{b·j}`` all
+        accepted``)``, ``j = ⌊n / b⌋``; 1.0 before the first block), computed once per draft length."""
+        n = state.n - state.n % self.block
+        if n == 0:
+            return 1.0
+        if self._score[0] != n or n != state.n:
+            sub = state if n == state.n else DraftState(state.produced, state.tokens[:n], state.prob[:n],
+                                                        state.top_prob[:n], state.entropy[:n], state.hidden[:n],
+                                                        state.phrase[:n])
+            h, s = self.inputs(sub)
+            _, blk = self.model(h[None], s[None])
+            self._score = (n, float(torch.sigmoid(blk[0, -1])))
+        return self._score[1]
+
     def should_continue(self, state: DraftState) -> bool:
         if state.n == 0 or state.n % self.block:
             return True  # decide at block boundaries only
         if state.n > self.spec.max_draft:
             return False
-        self.checks += 1
-        h, s = self.inputs(state)
-        _, blk = self.model(h[None], s[None])
-        return bool(torch.sigmoid(blk[0, -1]) >= self.threshold)
+        return self.threshold is None or self.block_score(state) >= self.threshold
+
+    def survival(self, state: DraftState) -> float:
+        return self.block_score(state)
+
+    def update(self, state: DraftState, result: RoundResult) -> None:
+        super().update(state, result)
+        self._score = (-1, 1.0)
 
     def describe(self) -> str:
-        return f"pacer(b={self.block}, threshold={self.threshold:.2f}, min={self.min_draft}, max={self.max_draft})"
+        thr = "cost-aware" if self.threshold is None else f"{self.threshold:.2f}"
+        return f"pacer(b={self.block}, threshold={thr}, min={self.min_draft}, max={self.max_draft})"
 
 
 class SpecDecPPPolicy(_LearnedPolicy):
@@ -145,17 +171,25 @@ class SpecDecPPPolicy(_LearnedPolicy):
         self.new_round()  # the loop asks from ``min_draft`` on, so ``n == 0`` cannot mark a round's start
 
     @torch.inference_mode()
+    def _score_to(self, state: DraftState) -> float:
+        """``Π σ_j`` over ``d_1..d_n``, scoring each token once (tokens below min_draft too, as the offline
+        evaluation does)."""
+        if state.n > self.scored:
+            h, s = self.inputs(state, self.scored)
+            self.survive *= float(torch.sigmoid(self.model(h, s)).prod())
+            self.scored = state.n
+        return self.survive
+
     def should_continue(self, state: DraftState) -> bool:
         if state.n == 0:
             return True
         if state.n > self.spec.max_draft:
             return False
-        self.checks += 1
-        # score every token not scored yet (tokens below min_draft too, as the offline evaluation does)
-        h, s = self.inputs(state, self.scored)
-        self.survive *= float(torch.sigmoid(self.model(h, s)).prod())
-        self.scored = state.n
-        return 1.0 - self.survive <= self.threshold
+        survive = self._score_to(state)
+        return self.threshold is None or 1.0 - survive <= self.threshold
+
+    def survival(self, state: DraftState) -> float:
+        return self._score_to(state)
 
 
 def make_learned_policy(kind: str, path: Path | str | None, draft_fingerprint: str | None, bounds: dict,
@@ -173,8 +207,10 @@ def make_learned_policy(kind: str, path: Path | str | None, draft_fingerprint: s
 
 
 def load_policy(decoder, kind: str, bounds: dict, opts: dict) -> DraftPolicy:
-    """The policy for ``Decoder.make_policy``: ``opts`` may hold ``path`` (checkpoint), ``threshold``, ``block``."""
+    """The policy for ``Decoder.make_policy``: ``opts`` may hold ``path`` (checkpoint), ``threshold`` (absent: the
+    checkpoint's; ``None``: none, for the cost-aware rule), ``block``."""
     opts = dict(opts)
+    given = set(opts)  # "threshold": None asks for no threshold (the cost-aware rule decides)
     path = opts.pop("path", None)
     thr = opts.pop("threshold", None)
     if decoder.draft_info is None:
@@ -182,8 +218,8 @@ def load_policy(decoder, kind: str, bounds: dict, opts: dict) -> DraftPolicy:
     if path is None and not (default_checkpoint(kind) / "config.json").exists():
         raise PacerError(f"no shipped {kind} checkpoint; pass --preverifier PATH")
     pol = make_learned_policy(kind, path, decoder.draft_info.fingerprint, {**bounds}, opts)
-    if thr is not None:
-        if not 0.0 <= thr <= 1.0:
-            raise PacerError(f"threshold must be in [0, 1], got {thr}")
-        pol.threshold = float(thr)
+    if thr is not None and not 0.0 <= thr <= 1.0:
+        raise PacerError(f"threshold must be in [0, 1], got {thr}")
+    if thr is not None or "threshold" in given:
+        pol.threshold = None if thr is None else float(thr)
     return pol

@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from ..costs import Costs
 from ..errors import PacerError
 from ..models import atomic_write_text
 from .collect import load_dataset
@@ -117,33 +118,6 @@ def precision_recall(scores: np.ndarray, labels: np.ndarray, thr: float) -> tupl
 
 
 # ----------------------------------------------------------------------------------------------------- costs
-@dataclass
-class Costs:
-    """Measured seconds: ``draft`` per drafted token, ``target[k]`` per target forward scoring ``k`` tokens."""
-
-    draft: float
-    target: dict[int, float]
-    policy_per_check: float = 0.0
-
-    def target_cost(self, k: int) -> float:
-        ks = sorted(self.target)
-        if k <= ks[0]:
-            return self.target[ks[0]]
-        for a, b in zip(ks, ks[1:], strict=False):
-            if a <= k <= b:
-                return self.target[a] + (self.target[b] - self.target[a]) * (k - a) / (b - a)
-        return self.target[ks[-1]] * k / ks[-1]
-
-    def to_dict(self) -> dict:
-        return {"draft": self.draft, "target": {str(k): v for k, v in self.target.items()},
-                "policy_per_check": self.policy_per_check}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Costs:
-        return cls(float(d["draft"]), {int(k): float(v) for k, v in d["target"].items()},
-                   float(d.get("policy_per_check", 0.0)))
-
-
 def simulate(lengths: np.ndarray, n_star: np.ndarray, costs: Costs, checks: np.ndarray | None = None) -> float:
     """Predicted speedup over plain decoding of drafting ``lengths[r]`` tokens in each round ``r``."""
     tokens = np.minimum(n_star, lengths) + 1
@@ -409,27 +383,9 @@ def check_cost(kind: str, model: nn.Module, spec: FeatureSpec, reps: int = 30) -
     return statistics.median(times)
 
 
-def measure_costs(decoder, context: int = 200, reps: int = 5) -> Costs:
-    """Median seconds of a draft forward (1 token) and target forwards scoring k tokens after ``context`` tokens."""
-    import statistics
-
-    ids = list(range(1000, 1000 + context))
-    out = {}
-    for name, cm, ks in (("draft", None, (1,)), ("target", decoder.target, (1, 2, 4, 8, 12, 16, 24))):
-        if name == "draft":
-            from ..decoding import CachedModel
-
-            cm = CachedModel(decoder.draft_info.model, decoder.draft_rows(decoder.draft_vocab))
-        for k in ks:
-            times = []
-            for _ in range(reps):
-                cm.reset()
-                cm.forward(ids, keep=1)
-                t = time.perf_counter()
-                cm.forward(ids[:k])
-                times.append(time.perf_counter() - t)
-            out[(name, k)] = statistics.median(times)
-    return Costs(out[("draft", 1)], {k: out[("target", k)] for k in (1, 2, 4, 8, 12, 16, 24)})
+def measure_costs(decoder) -> Costs:
+    """This machine's costs for ``decoder`` with its draft vocabulary, measured afresh (:mod:`pacer.calibration`)."""
+    return decoder.calibration(decoder.draft_rows(decoder.draft_vocab), refresh=True).costs
 
 
 def retune(ckpt: Path, data_dir: Path, costs: Costs, min_draft: int | None = None, held_out: bool = False) -> dict:

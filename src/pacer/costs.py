@@ -1,0 +1,241 @@
+"""What a round costs on this machine, and the cost-aware rule that decides whether one more draft token pays.
+
+Terms (seconds, measured where pacer runs by :mod:`pacer.calibration`, refined by the loop's own timings):
+
+* ``c_d``     - one draft token (a draft forward over one new token, with the drafter's vocabulary);
+* ``c_t(k)``  - one target forward scoring ``k`` new tokens (a round that drafted ``γ`` scores ``k = γ + 1``);
+* ``c_p``     - one draft-length policy check (the pre-verification layer; ~0 for the training-free rules).
+
+The rule (:class:`CostAwarePolicy`), in a round that has drafted ``n`` tokens. ``S_i`` is the probability that
+``d_1..d_i`` are all accepted: the policy's survival score (:meth:`pacer.policies.DraftPolicy.survival`: the
+pre-verifier's block score, the SpecDec++ head's product, a rule's proxy), mapped to a probability by a
+:class:`SurvivalCalibrator` that learns from the verifier's verdicts during generation; a policy without a score
+uses ``S_i = α^i`` with ``α`` the running per-token acceptance. ``S_0 = 1``. The round so far is expected to yield
+
+    ``E_n = 1 + Σ_{i<=n} S_i`` tokens in ``T_n = n (c_d + c_p) + c_t(n + 1)`` seconds.
+
+Drafting ``d_{n+1}`` adds ``ΔE = S_{n+1} ≈ S_n · S_n / S_{n-1}`` (the last token's conditional acceptance carried
+one step on; ``α`` at ``n = 0``) expected tokens for ``ΔT = c_d + c_p + c_t(n + 2) - c_t(n + 1)`` seconds, and
+goes on only when it raises the round's throughput: ``ΔE / ΔT >= E_n / T_n``. At ``n = 0`` the right side is plain
+decoding's rate ``1 / c_t(1)``, so a draft token is only spent where it is expected to beat plain decoding. On a
+machine whose ``c_t(k)`` grows like ``k · c_t(1)`` (verification not free) ``ΔT > c_t(1) >= ΔE · T_0``: no round
+drafts, and every round is a plain decoding step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .policies import DraftPolicy, DraftState, RoundResult
+
+
+@dataclass
+class Costs:
+    """Measured seconds: ``draft`` per drafted token (``c_d``), ``target[k]`` per target forward scoring ``k``
+    tokens (``c_t(k)``, interpolated between measured ``k``), ``policy_per_check`` (``c_p``)."""
+
+    draft: float
+    target: dict[int, float]
+    policy_per_check: float = 0.0
+
+    def target_cost(self, k: int) -> float:
+        """``c_t(k)``: linear between measured points, proportional to ``k`` beyond the last one."""
+        ks = sorted(self.target)
+        if k <= ks[0]:
+            return self.target[ks[0]]
+        for a, b in zip(ks, ks[1:], strict=False):
+            if a <= k <= b:
+                return self.target[a] + (self.target[b] - self.target[a]) * (k - a) / (b - a)
+        return self.target[ks[-1]] * k / ks[-1]
+
+    def monotone(self) -> Costs:
+        """The same costs with ``c_t`` made non-decreasing in ``k`` (a noisy ``c_t(2) < c_t(1)`` would otherwise
+        make a second scored token look like it saves time)."""
+        out, top = {}, 0.0
+        for k in sorted(self.target):
+            top = max(top, self.target[k])
+            out[k] = top
+        return Costs(self.draft, out, self.policy_per_check)
+
+    def scaled(self, draft: float, target: float) -> Costs:
+        return Costs(self.draft * draft, {k: v * target for k, v in self.target.items()}, self.policy_per_check)
+
+    def to_dict(self) -> dict:
+        return {"draft": self.draft, "target": {str(k): v for k, v in sorted(self.target.items())},
+                "policy_per_check": self.policy_per_check}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Costs:
+        return cls(float(d["draft"]), {int(k): float(v) for k, v in d["target"].items()},
+                   float(d.get("policy_per_check", 0.0)))
+
+    def curve(self, ks: tuple[int, ...] = (1, 2, 4, 8, 16)) -> str:
+        """One line: ``c_t(k)`` in ms for a few ``k`` and ``c_d``."""
+        return ("target " + " ".join(f"k={k}:{self.target_cost(k) * 1e3:.0f}" for k in ks)
+                + f" ms per forward; draft {self.draft * 1e3:.0f} ms per token")
+
+    def verification_growth(self, k: int = 8) -> float:
+        """``c_t(k) / c_t(1)``: ~1 where verifying a block is nearly free, ~``k`` where it costs ``k`` forwards."""
+        return self.target_cost(k) / self.target_cost(1)
+
+
+def gain_pays(S: list[float], S_next: float, costs: Costs) -> bool:
+    """Does drafting ``d_{n+1}`` raise the round's expected throughput? ``S`` = ``[S_1..S_n]``, ``S_next`` =
+    ``S_{n+1}`` (see the module docstring for the terms)."""
+    n = len(S)
+    step = costs.draft + costs.policy_per_check
+    E = 1.0 + sum(S)
+    T = n * step + costs.target_cost(n + 1)
+    dT = step + costs.target_cost(n + 2) - costs.target_cost(n + 1)
+    return S_next * T >= E * dT
+
+
+class SurvivalCalibrator:
+    """Maps a policy's raw survival score in [0, 1] to a probability, from the verifier's verdicts.
+
+    ``bins`` equal-width bins over the raw score; a bin's estimate is ``(a + w · s) / (m + w)`` for a raw score
+    ``s`` with ``a`` of the bin's ``m`` observations survived and a prior of weight ``w`` on the raw score itself
+    (so an unseen bin trusts the score). Each round adds one observation per drafted position ``i``: survived iff
+    ``i <= n``. :attr:`error` is the expected calibration error of the raw scores seen so far (the mean absolute
+    gap between a bin's mean raw score and its survival rate, weighted by the bin's observations)."""
+
+    def __init__(self, bins: int = 10, prior: float = 4.0) -> None:
+        self.bins, self.prior = bins, prior
+        self.hits = [0.0] * bins
+        self.seen = [0.0] * bins
+        self.raw_sum = [0.0] * bins
+
+    def _bin(self, s: float) -> int:
+        return min(self.bins - 1, max(0, int(s * self.bins)))
+
+    def __call__(self, s: float) -> float:
+        b = self._bin(s)
+        return (self.hits[b] + self.prior * s) / (self.seen[b] + self.prior)
+
+    def update(self, raw: list[float | None], accepted: int) -> None:
+        """``raw[i - 1]``: the score at draft position ``i`` (``None``: none there); ``accepted``: ``n``."""
+        for i, s in enumerate(raw, 1):
+            if s is None:
+                continue
+            b = self._bin(s)
+            self.seen[b] += 1
+            self.hits[b] += i <= accepted
+            self.raw_sum[b] += s
+
+    @property
+    def observations(self) -> int:
+        return int(sum(self.seen))
+
+    @property
+    def error(self) -> float:
+        total = sum(self.seen)
+        if not total:
+            return float("nan")
+        return sum(abs(self.raw_sum[b] - self.hits[b]) for b in range(self.bins) if self.seen[b]) / total
+
+
+@dataclass
+class CostReport:
+    """What the cost-aware rule saw in one generation (``GenerationResult.extra["cost_aware"]``)."""
+
+    costs: dict
+    alpha: float
+    zero_rounds: int = 0
+    rounds: int = 0
+    calibration_error: float = float("nan")
+    calibration_observations: int = 0
+    source: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["calibration_error"] = None if math.isnan(self.calibration_error) else round(self.calibration_error, 4)
+        d["alpha"] = round(self.alpha, 4)
+        return d
+
+
+class CostAwarePolicy(DraftPolicy):
+    """Wraps a policy: drafting goes on only while the wrapped policy wants to *and* the next token pays on this
+    machine's costs (:func:`gain_pays`). The wrapped policy's bounds, hidden layers and updates pass through.
+
+    ``refine``: after every round (the first of a generation, which holds both prefills, excepted) the measured
+    draft time per token and target time of the round update running averages (weight ``refine``, each clipped to
+    [1/4, 4]), as multipliers of the calibrated ``c_d`` and ``c_t`` curve: load on the machine shifts the
+    decisions. 0 keeps the given costs as they are."""
+
+    name = "cost-aware"
+
+    def __init__(self, inner: DraftPolicy, costs: Costs, source: str = "", refine: float = 0.2,
+                 alpha: float = 0.6) -> None:
+        super().__init__(inner.min_draft, inner.max_draft)
+        self.inner, self.base, self.source, self.refine = inner, costs.monotone(), source, refine
+        self.hidden_layers = inner.hidden_layers
+        self.needs_soft = inner.needs_soft
+        self.calibrator = SurvivalCalibrator()
+        self.alpha0 = alpha
+        self.reset()
+
+    def reset(self) -> None:
+        self.inner.reset()
+        self.scale_d = self.scale_t = 1.0
+        self.costs = self.base
+        self.hits, self.trials = 4.0 * self.alpha0, 4.0  # α: Beta prior of weight 4
+        self.rounds = self.zero_rounds = 0
+        self._new_round()
+
+    def _new_round(self) -> None:
+        self.S: list[float] = []
+        self.raw: list[float] = []
+
+    @property
+    def alpha(self) -> float:
+        return self.hits / self.trials
+
+    def _survival(self, state: DraftState) -> None:
+        """Extend ``S`` (and the raw scores ``raw``, ``None`` where the policy has none) to ``state.n`` entries;
+        positions the loop did not ask about (below ``min_draft``) get the score of the first one asked."""
+        raw = self.inner.survival(state)
+        while len(self.S) < state.n:
+            self.raw.append(raw)
+            p = self.alpha ** (len(self.S) + 1) if raw is None else self.calibrator(raw)
+            self.S.append(min(self.S[-1] if self.S else 1.0, p))
+
+    def should_continue(self, state: DraftState) -> bool:
+        if not self.inner.should_continue(state):
+            return False
+        self._survival(state)
+        n = state.n
+        S_n = self.S[-1] if n else 1.0
+        S_prev = self.S[-2] if n > 1 else 1.0
+        a = S_n / S_prev if n and S_prev > 0 else self.alpha  # the last token's conditional acceptance
+        exact = self.inner.survival_next(state)
+        return gain_pays(self.S, S_n * min(1.0, a) if exact is None else exact, self.costs)
+
+    def update(self, state: DraftState, result: RoundResult) -> None:
+        self.inner.update(state, result)
+        γ, n = result.drafted, result.accepted
+        self.rounds += 1
+        self.zero_rounds += γ == 0
+        if γ:  # conditional acceptance: the tokens up to and including the first rejection
+            self.hits += n
+            self.trials += min(n + 1, γ)
+            self._survival(state)
+            self.calibrator.update(self.raw[:γ], n)
+        if self.rounds > 1 and self.refine:
+            r = self.refine
+            if γ and result.draft_seconds > 0 and self.base.draft > 0:
+                obs = result.draft_seconds / γ / self.base.draft
+                self.scale_d += r * (min(4.0, max(0.25, obs)) - self.scale_d)
+            if result.verify_seconds > 0 and result.scored:
+                obs = result.verify_seconds / self.base.target_cost(result.scored)
+                self.scale_t += r * (min(4.0, max(0.25, obs)) - self.scale_t)
+            self.costs = self.base.scaled(self.scale_d, self.scale_t)
+        self._new_round()
+
+    def report(self) -> CostReport:
+        return CostReport(self.costs.to_dict(), self.alpha, self.zero_rounds, self.rounds, self.calibrator.error,
+                          self.calibrator.observations, self.source)
+
+    def describe(self) -> str:
+        return f"cost-aware({self.inner.describe()})"

@@ -1,0 +1,298 @@
+"""The cost-aware rule (pacer.costs) and this machine's calibration (pacer.calibration): drafting goes on only
+where it pays on the measured costs, never at a loss where verification is not free, and a calibration is
+measured once per machine and pair, re-measured whenever what it depends on changes, and never trusted damaged."""
+
+import json
+
+import pytest
+import torch
+
+from pacer import Decoder
+from pacer import calibration as cal_mod
+from pacer.costs import CostAwarePolicy, Costs, SurvivalCalibrator, gain_pays
+from pacer.policies import DraftState, FixedPolicy, RoundResult
+from pacer.tiny import tiny_pair
+
+PROMPTS = ["hello world, this is", "def f(x):\n    return"]
+#: verification costs k forwards (the AVX2 bf16 curve of the shared reference, in seconds)
+LINEAR = Costs(draft=0.135, target={1: 0.365, 2: 0.659, 4: 1.28, 8: 2.471, 16: 4.877})
+#: verification nearly free, draft a tenth of a target forward
+FLAT = Costs(draft=0.03, target={1: 0.3, 2: 0.3, 8: 0.31, 17: 0.33})
+DRAFTING = ["sd", "heuristic", "confidence", "entropy", "oracle", "ouroboros"]
+
+
+def decoder(kind: str, costs: Costs) -> Decoder:
+    return Decoder(*tiny_pair(kind), threads=1, costs=costs)
+
+
+# --------------------------------------------------------------------------------------------- the rule alone
+def test_first_token_pays_only_if_it_beats_plain_decoding():
+    # flat: c_t(1) = c_t(2) = 0.3, c_d = 0.03: the first token pays iff S_1 * 0.3 >= 0.03, i.e. S_1 >= 0.1
+    assert gain_pays([], 0.11, FLAT) and not gain_pays([], 0.09, FLAT)
+    # proportional: even a certain token costs more (0.135 + 0.294) than the plain step it saves (0.365)
+    assert not gain_pays([], 1.0, LINEAR)
+    assert not any(gain_pays([1.0] * n, 1.0, LINEAR) for n in range(12))
+
+
+def test_rule_stops_where_the_round_throughput_stops_rising():
+    S = [0.9**i for i in range(1, 17)]
+    stop = next(n for n in range(16) if not gain_pays(S[:n], S[n], FLAT))
+    # brute force: the round length with the best expected tokens per second
+    def rate(n):
+        return (1 + sum(S[:n])) / (n * FLAT.draft + FLAT.target_cost(n + 1))
+    best = max(range(17), key=rate)
+    assert stop == best
+
+
+@pytest.mark.parametrize("n", [0, 3, 6])
+def test_rule_is_monotone_in_the_costs(n):
+    S, nxt = [0.8**i for i in range(1, n + 1)], 0.8 ** (n + 1)
+    said = [gain_pays(S, nxt, Costs(d, FLAT.target)) for d in (0.001, 0.01, 0.03, 0.1, 0.3, 1.0)]
+    assert said == sorted(said, reverse=True)  # dearer draft tokens: once it stops paying it never pays again
+    slopes = [Costs(0.03, {1: 0.3, 17: 0.3 + s * 16}) for s in (0.0, 0.01, 0.05, 0.1, 0.3)]
+    said = [gain_pays(S, nxt, c) for c in slopes]
+    assert said == sorted(said, reverse=True)
+    assert not said[-1] and (said[0] or n == 6)  # at n = 6 even free verification stops paying (S_7 = 0.21)
+
+
+def test_monotone_envelope_of_a_noisy_curve():
+    c = Costs(0.1, {1: 0.33, 2: 0.26, 4: 0.27, 8: 0.29}).monotone()
+    assert c.target == {1: 0.33, 2: 0.33, 4: 0.33, 8: 0.33}
+
+
+def test_survival_calibrator_learns_the_real_rate_and_reports_the_error():
+    c = SurvivalCalibrator()
+    assert c(0.75) == 0.75  # no observations: the raw score is trusted
+    for _ in range(200):  # scores of 0.95 that survive only half the time
+        c.update([0.95], 1)
+        c.update([0.95], 0)
+    assert abs(c(0.95) - 0.5) < 0.02
+    assert abs(c.error - 0.45) < 1e-6
+    assert c(0.15) == 0.15  # another bin is untouched
+    c.update([None, 0.15], 2)  # a position without a score is skipped, the next one counted at its position
+    assert c.seen[1] == 1 and c.hits[1] == 1
+
+
+def fixed_state(n: int, prob: float = 0.9) -> DraftState:
+    return DraftState(tokens=[1] * n, prob=[prob] * n, top_prob=[prob] * n, entropy=[0.1] * n)
+
+
+def test_gate_uses_the_running_acceptance_and_learns_from_rounds():
+    gate = CostAwarePolicy(FixedPolicy(gamma=16, min_draft=0), FLAT, refine=0.0, alpha=0.9)
+    lengths = []
+    for _ in range(2):
+        n = 0
+        while gate.should_continue(fixed_state(n)):
+            n += 1
+        lengths.append(n)
+        gate.update(fixed_state(n), RoundResult(n, 0))  # every first token rejected
+    assert lengths[0] >= 4
+    for _ in range(60):
+        gate.update(fixed_state(4), RoundResult(4, 0))
+    assert gate.alpha < 0.1
+    assert not gate.should_continue(fixed_state(0))  # α ≈ 0: not even the first token pays
+
+
+def test_gate_follows_the_loop_timings():
+    """Measured rounds slower than calibrated (here: the draft 10x) shift the decision."""
+    gates = [CostAwarePolicy(FixedPolicy(gamma=16, min_draft=0), FLAT, refine=r, alpha=0.9) for r in (0.5, 0.0)]
+    for gate in gates:  # the same verdicts (so the same α), measured times only matter with refine > 0
+        for _ in range(10):
+            gate.update(fixed_state(4), RoundResult(4, 3, draft_seconds=4 * 10 * FLAT.draft, verify_seconds=0.3,
+                                                    scored=5))
+    assert gates[0].costs.draft > 3 * FLAT.draft and gates[1].costs.draft == FLAT.draft
+    refined, fixed = (sum(1 for n in range(16) if g.should_continue(fixed_state(n))) for g in gates)
+    assert refined < fixed
+
+
+# ----------------------------------------------------------------------------------------- whole generations
+@pytest.mark.parametrize("method", [*DRAFTING, "pacer+ouroboros-free"])
+def test_proportional_costs_draft_nothing_and_stay_exact(method):
+    dec = decoder("same", LINEAR)
+    for prompt in PROMPTS:
+        ar = dec.generate(prompt, "ar", max_new_tokens=24)
+        if method == "pacer+ouroboros-free":  # an Ouroboros drafter under the entropy proxy
+            res = dec.generate(prompt, "entropy", max_new_tokens=24, drafter=dec.make_drafter("ouroboros"))
+        else:
+            res = dec.generate(prompt, method, max_new_tokens=24)
+        assert res.token_ids == ar.token_ids
+        assert res.stats.draft_tokens == 0, (method, res.stats.draft_lengths)
+        assert res.extra["cost_aware"]["zero_rounds"] == res.stats.rounds
+
+
+@pytest.mark.parametrize("method", ["sd", "heuristic", "confidence", "entropy", "oracle"])
+def test_flat_costs_and_a_perfect_draft_draft_to_the_maximum(method):
+    dec = decoder("same", Costs(draft=0.001, target={1: 1.0, 64: 1.0}))
+    res = dec.generate(PROMPTS[0], method, max_new_tokens=60, max_draft=8,
+                       **({"gamma": 8, "cost_aware": True} if method in ("sd", "heuristic") else {}))
+    assert res.stats.acceptance_rate == 1.0
+    full = [g for g in res.stats.draft_lengths[1:-1]]  # the last round is cut by the token budget
+    assert full and set(full) == {8}, res.stats.draft_lengths
+
+
+def test_learned_policies_draft_nothing_on_proportional_costs():
+    from test_preverify import random_policy
+
+    dec = decoder("close", LINEAR)
+    ar = dec.generate(PROMPTS[0], "ar", max_new_tokens=20)
+    for kind in ("pacer", "specdecpp"):
+        pol = random_policy(kind, block=1, hidden=dec.draft_info.model.config.hidden_size)
+        pol.threshold, pol.min_draft = None, 0
+        gate = CostAwarePolicy(pol, LINEAR, refine=0.0)
+        res = dec.generate(PROMPTS[0], kind, max_new_tokens=20, policy=gate)
+        assert res.token_ids == ar.token_ids and res.stats.draft_tokens == 0
+        cheap = CostAwarePolicy(pol, Costs(1e-4, {1: 1.0, 64: 1.0}), refine=0.0)
+        res = dec.generate(PROMPTS[0], kind, max_new_tokens=20, policy=cheap)
+        assert res.token_ids == ar.token_ids and res.stats.draft_tokens > 0
+
+
+def test_explicit_gamma_or_threshold_turns_the_rule_off():
+    dec = decoder("same", LINEAR)
+    res = dec.generate(PROMPTS[0], "sd", max_new_tokens=20, gamma=3)
+    assert "cost_aware" not in res.extra and set(res.stats.draft_lengths[:-1]) == {3}
+    res = dec.generate(PROMPTS[0], "confidence", max_new_tokens=20, policy_opts={"threshold": 0.0})
+    assert "cost_aware" not in res.extra and res.stats.draft_tokens > 0
+    res = dec.generate(PROMPTS[0], "sd", max_new_tokens=20, gamma=3, cost_aware=True)
+    assert res.stats.draft_tokens == 0
+
+
+def test_cost_aware_sampling_stays_exact_in_distribution():
+    """Rejection sampling is exact for any stopping rule that looks only at the draft: with the rule on, the
+    first sampled token's distribution over many seeds matches the target's (chi-square)."""
+    from scipy.stats import chisquare
+
+    from pacer.sampling import SamplingConfig
+
+    dec = decoder("close", FLAT)
+    ids = dec.encode("hello")
+    with torch.inference_mode():
+        p = torch.softmax(dec.target.model(input_ids=torch.tensor([ids])).logits[0, -1].float(), -1)
+    counts = torch.zeros_like(p)
+    drafted = 0
+    for seed in range(600):
+        res = dec.generate(ids, "confidence", max_new_tokens=4, sampling=SamplingConfig(1.0, seed=seed))
+        counts[res.token_ids[0]] += 1
+        drafted += res.stats.draft_tokens
+    assert drafted > 0
+    top = torch.argsort(p, descending=True)[:8]  # the 8 likeliest tokens and "any other" as categories
+    obs = [*(float(counts[i]) for i in top), 600 - float(counts[top].sum())]
+    exp = [*(float(p[i]) * 600 for i in top), 600 * (1 - float(p[top].sum()))]
+    assert chisquare(obs, exp).pvalue > 0.001
+
+
+# ------------------------------------------------------------------------------------------------ calibration
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("PACER_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def counting(monkeypatch):
+    calls = []
+    real = cal_mod.measure
+
+    def measure(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(cal_mod, "measure", measure)
+    monkeypatch.setattr(cal_mod, "NOISY", 1e9)  # tiny models time in microseconds: never call them noisy here
+    return calls
+
+
+def test_calibration_is_cached_and_remeasured_when_its_key_changes(home, monkeypatch):
+    calls = counting(monkeypatch)
+    t, d = tiny_pair("close")
+    a = cal_mod.load_or_measure(Decoder(t, d, threads=1), None, progress=False)
+    assert calls == [1] and a.source == "measured" and a.costs.target_cost(1) > 0 and a.costs.draft > 0
+    assert set(a.measured) >= {1, 2, 4}
+    b = cal_mod.load_or_measure(Decoder(t, d, threads=1), None, progress=False)
+    assert calls == [1] and b.source == "cache" and b.costs.target == a.costs.target
+    # another CPU flag set (the same CPU with its AVX-512 switched off, say)
+    real = cal_mod.cpu_identity
+    monkeypatch.setattr(cal_mod, "cpu_identity", lambda: {**real(), "flags": ["avx2"]})
+    cal_mod.load_or_measure(Decoder(t, d, threads=1), None, progress=False)
+    assert calls == [1, 1]
+    monkeypatch.setattr(cal_mod, "cpu_identity", real)
+    # other threads, another draft vocabulary, another dtype
+    cal_mod.load_or_measure(Decoder(t, d, threads=2), None, progress=False)
+    assert len(calls) == 3
+    torch.set_num_threads(1)
+    cal_mod.load_or_measure(Decoder(t, d, threads=1), torch.arange(100), progress=False)
+    assert len(calls) == 4
+    t16 = type(t)(t.model, t.tokenizer, t.source, t.fingerprint, torch.bfloat16)
+    cal_mod.load_or_measure(Decoder(t16, d, threads=1), None, progress=False)
+    assert len(calls) == 5
+    cal_mod.load_or_measure(Decoder(t, d, threads=1), None, progress=False)
+    assert len(calls) == 5  # the first key is still cached
+
+
+@pytest.mark.parametrize("damage", ["garbage", "checksum", "truncated", "other-key"])
+def test_a_damaged_cache_is_remeasured_with_a_note(home, monkeypatch, damage):
+    calls = counting(monkeypatch)
+    dec = Decoder(*tiny_pair("close"), threads=1)
+    first = cal_mod.load_or_measure(dec, None, progress=False)
+    path = cal_mod.cache_path(first.key)
+    doc = json.loads(path.read_text())
+    if damage == "garbage":
+        path.write_bytes(b"\xff\x00 not json")
+    elif damage == "checksum":
+        doc["payload"]["costs"]["draft"] *= 10
+        path.write_text(json.dumps(doc))
+    elif damage == "truncated":
+        path.write_text(path.read_text()[:40])
+    else:
+        doc["key"]["threads"] = 99
+        path.write_text(json.dumps(doc))
+    again = cal_mod.load_or_measure(dec, None, progress=False)
+    assert calls == [1, 1] and again.source == "measured"
+    assert any("re-measuring" in n for n in again.notes)
+    assert cal_mod.load(first.key)[0] is not None  # rewritten whole
+
+
+def test_interrupted_calibration_is_conservative_and_writes_nothing(home, monkeypatch):
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cal_mod, "measure", interrupted)
+    dec = Decoder(*tiny_pair("same"), threads=1)
+    cal = dec.calibration(None)
+    assert cal.source == "conservative" and "interrupted" in cal.notes[-1]
+    assert not (home / "calibration").exists() or not list((home / "calibration").iterdir())
+    res = dec.generate(PROMPTS[0], "sd", max_new_tokens=10)  # decodes plainly
+    assert res.stats.draft_tokens == 0
+
+
+def test_noisy_calibration_is_used_conservatively_and_cached_as_noisy(home, monkeypatch):
+    monkeypatch.setattr(cal_mod, "NOISY", 1.0)  # every spread counts as noise
+    dec = Decoder(*tiny_pair("close"), threads=1)
+    cal = cal_mod.load_or_measure(dec, None, progress=False)
+    assert cal.noisy and "noisy" in cal.notes[-1]
+    cached, _ = cal_mod.load(cal.key)
+    assert cached.noisy and cached.costs.target == cal.costs.target
+
+
+def test_a_linear_curve_is_extrapolated_after_four_tokens(home, monkeypatch):
+    """Where c_t(4) >= 2.5 c_t(1) the long forwards (seconds each on such a CPU) are not measured."""
+    seen = []
+
+    def slow_forward(cm, tokens, base):
+        seen.append(len(tokens))
+        return 0.01 * len(tokens)
+
+    monkeypatch.setattr(cal_mod, "_timed", slow_forward)
+    cal = cal_mod.measure(Decoder(*tiny_pair("close"), threads=1), None)
+    assert max(seen) == 4 and cal.measured == [1, 2, 3, 4]
+    assert abs(cal.costs.target_cost(16) - 0.16) < 1e-9
+    assert "not free" in cal.verdict()
+
+
+def test_cpu_identity_names_the_isa():
+    cpu = cal_mod.cpu_identity()
+    assert cpu["torch_kernels"] == torch.backends.cpu.get_cpu_capability()
+    assert cal_mod.isa_level({"flags": ["avx2"]}) == "AVX2"
+    assert cal_mod.isa_level({"flags": ["avx2", "avx512f", "avx512_bf16"]}) == "AVX-512 BF16"
+    assert cal_mod.isa_level({"flags": ["avx512f", "amx_tile"]}) == "AMX"
+    line = cal_mod.describe_cpu({"model": "X", "family": "25", "model_id": "1", "flags": ["avx2"],
+                                 "torch_kernels": "AVX2", "env": {"ATEN_CPU_CAPABILITY": "avx2"}})
+    assert line == "X (family 25, model 1), AVX2, PyTorch kernels AVX2, ATEN_CPU_CAPABILITY=avx2"

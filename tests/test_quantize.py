@@ -1,0 +1,111 @@
+"""An int8 weight-only draft only changes the proposals, never the output: greedy output equals plain decoding
+for every method, and sampling keeps the target's distribution (chi-square). An int8 target is another model."""
+
+import pytest
+import torch
+
+from pacer import Decoder
+from pacer import calibration as cal_mod
+from pacer.quantize import Int8Linear, quantize_int8
+from pacer.sampling import SamplingConfig
+from pacer.tiny import tiny_pair
+from test_costs import FLAT
+
+PROMPTS = ["hello world, this is", "def f(x):\n    return", "The 3 quick brown foxes"]
+
+
+def test_int8_linear_is_close_to_the_float_layer():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 48)
+    q = Int8Linear(lin)
+    x = torch.randn(2, 7, 64)
+    err = (q(x) - lin(x)).abs().max() / lin(x).abs().max()
+    assert q.q.dtype == torch.int8 and q.q.shape == (48, 64)
+    assert 0 < err < 0.02  # quantized (not a copy), and close
+
+
+@pytest.fixture(scope="module")
+def int8_draft():
+    t, d = tiny_pair("close")
+    dec = Decoder(t, d, threads=1, costs=FLAT, draft_quant="int8")
+    assert isinstance(dec.draft_info.model.get_decoder().layers[0].self_attn.q_proj, Int8Linear)
+    assert not isinstance(dec.target.model.get_decoder().layers[0].self_attn.q_proj, Int8Linear)
+    return dec
+
+
+@pytest.mark.parametrize("method", ["sd", "heuristic", "confidence", "entropy", "oracle", "ouroboros"])
+def test_int8_draft_is_exact_greedy(int8_draft, method):
+    dec = int8_draft
+    for prompt in PROMPTS:
+        ar = dec.generate(prompt, "ar", max_new_tokens=30)
+        for kw in ({}, {"gamma": 3}):
+            res = dec.generate(prompt, method, max_new_tokens=30, **kw)
+            assert res.token_ids == ar.token_ids, (method, prompt, kw)
+    assert res.stats.draft_tokens > 0
+
+
+def test_int8_draft_sampling_keeps_the_target_distribution(int8_draft):
+    from scipy.stats import chisquare
+
+    dec = int8_draft
+    ids = dec.encode("hello")
+    with torch.inference_mode():
+        p = torch.softmax(dec.target.model(input_ids=torch.tensor([ids])).logits[0, -1].float(), -1)
+    N = 600
+    counts = torch.zeros_like(p)
+    accepted = 0
+    for seed in range(N):
+        res = dec.generate(ids, "sd", max_new_tokens=3, gamma=2, sampling=SamplingConfig(1.0, seed=seed))
+        counts[res.token_ids[0]] += 1
+        accepted += res.stats.accepted_tokens
+    assert accepted > 0
+    top = torch.argsort(p, descending=True)[:8]
+    obs = [*(float(counts[i]) for i in top), N - float(counts[top].sum())]
+    exp = [*(float(p[i]) * N for i in top), N * (1 - float(p[top].sum()))]
+    assert chisquare(obs, exp).pvalue > 0.001
+
+
+def test_int8_target_is_another_model_but_speculation_on_it_is_exact():
+    t, d = tiny_pair("close")
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.inference_mode():
+        before = t.model(input_ids=ids).logits
+    dec = Decoder(t, d, threads=1, costs=FLAT, quantize="int8")
+    with torch.inference_mode():
+        after = t.model(input_ids=ids).logits
+    assert not torch.equal(before, after)  # another target: its plain decoding is the baseline
+    ar = dec.generate(PROMPTS[0], "ar", max_new_tokens=40)
+    assert dec.target_info.model.config.pacer_quantization == "int8"
+    assert cal_mod.weights_kind(dec.target_info) == "int8+float32"
+    for method in ("sd", "entropy"):
+        assert dec.generate(PROMPTS[0], method, max_new_tokens=40).token_ids == ar.token_ids
+
+
+def test_auto_draft_quant_is_measured_once_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("PACER_HOME", str(tmp_path))
+    calls = []
+    real = cal_mod._timed
+
+    def timed(cm, tokens, base):
+        calls.append(1)
+        int8 = isinstance(cm.model.get_decoder().layers[0].mlp.up_proj, Int8Linear)
+        real(cm, tokens, base)
+        return 0.5 if int8 else 1.0  # int8 twice as fast
+
+    monkeypatch.setattr(cal_mod, "_timed", timed)
+    t, d = tiny_pair("close")
+    assert cal_mod.choose_draft_quant(d) == "int8"
+    n = len(calls)
+    assert cal_mod.choose_draft_quant(d) == "int8" and len(calls) == n  # cached
+    monkeypatch.setattr(cal_mod, "_timed", lambda cm, tokens, base: 1.0)  # equal speed: keep the draft as is
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 7)  # another key
+    assert cal_mod.choose_draft_quant(d) == "none"
+    assert not isinstance(d.model.get_decoder().layers[0].mlp.up_proj, Int8Linear)  # measured on a copy
+
+
+def test_bad_quantization_is_refused():
+    from pacer import PacerError
+
+    with pytest.raises(PacerError, match="int8"):
+        Decoder(*tiny_pair("close"), draft_quant="int4")
+    quantize_int8(tiny_pair("close")[1].model)  # twice is harmless: no nn.Linear left the second time
