@@ -107,7 +107,8 @@ def command_line(args: argparse.Namespace, methods: str) -> str:
         parts += ["--select-seed", str(args.select_seed)]
     parts += ["--max-new-tokens", str(args.max_new_tokens), "--repeats", str(args.repeats)]
     if not args.quick:
-        parts += ["--target", args.target, "--draft", args.draft, "--dtype", args.dtype]
+        parts += ["--target", args.target, "--draft", args.draft, "--dtype", args.dtype,
+                  "--draft-quant", args.draft_quant, "--quantize", args.quantize]
     if args.threads:
         parts += ["--threads", str(args.threads)]
     parts += ["--draft-vocab", str(args.draft_vocab)]
