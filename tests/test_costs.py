@@ -296,3 +296,17 @@ def test_cpu_identity_names_the_isa():
     line = cal_mod.describe_cpu({"model": "X", "family": "25", "model_id": "1", "flags": ["avx2"],
                                  "torch_kernels": "AVX2", "env": {"ATEN_CPU_CAPABILITY": "avx2"}})
     assert line == "X (family 25, model 1), AVX2, PyTorch kernels AVX2, ATEN_CPU_CAPABILITY=avx2"
+
+
+def test_candidate_branches_only_ride_on_the_flat_part_of_the_curve():
+    from pacer.decoding import Draft
+
+    assert CostAwarePolicy(FixedPolicy(gamma=4), LINEAR).branch_room(0) == 0
+    flat = CostAwarePolicy(FixedPolicy(gamma=4), FLAT).branch_room(0)
+    assert flat >= 8  # FLAT: c_t(17) is 1.1 c_t(1), within 5% up to k = 9
+    assert FixedPolicy(gamma=4).branch_room(3) > 1000  # no cost model: unbounded
+    d = Draft([1, 2], None, DraftState(), branches=[[3, 4, 5], [6, 7, 8]])
+    ids, mask, pos = d.tree_inputs([0], 10, room=3, dtype=torch.float32, total=4)
+    assert d.branches == [[3, 4, 5], [6]] and ids == [0, 1, 2, 3, 4, 5, 6]
+    ids, mask, pos = d.tree_inputs([0], 10, room=3, dtype=torch.float32, total=0)
+    assert d.branches == [] and mask is None

@@ -250,6 +250,10 @@ def measure(decoder, rows: torch.Tensor | None, max_draft: int = 16, reps: int =
             noisy |= bad
             if k == 4 and med[4] >= LINEAR * med[1]:
                 break  # grows like k: the rest is extrapolated by Costs.target_cost
+        for k in sorted(med):  # a point dearer than a longer forward was hit by a stall: measure it again
+            if any(med[k] > NOISY * med[j] for j in med if j > k):
+                say(f"target, {k} tokens again")
+                med[k], worst[k], bad = _point(target, ctx[:k], len(ctx), reps)
         draft = dworst = 0.0
         if decoder.draft_info is not None:
             say("draft, 1 token")

@@ -186,7 +186,7 @@ class CostAwarePolicy(DraftPolicy):
 
     def _new_round(self) -> None:
         self.S: list[float] = []
-        self.raw: list[float] = []
+        self.raw: list[float | None] = []
 
     @property
     def alpha(self) -> float:
@@ -211,6 +211,17 @@ class CostAwarePolicy(DraftPolicy):
         a = S_n / S_prev if n and S_prev > 0 else self.alpha  # the last token's conditional acceptance
         exact = self.inner.survival_next(state)
         return gain_pays(self.S, S_n * min(1.0, a) if exact is None else exact, self.costs)
+
+    def branch_room(self, drafted: int) -> int:
+        """Candidate branches ride along only on the flat part of the cost curve: at most the ``b`` extra scored
+        tokens with ``c_t(γ + 1 + b) <= (1 + BRANCH_SLACK) · c_t(γ + 1)`` (none where verification costs ``∝ k``)."""
+        k, base = drafted + 1, self.costs.target_cost(drafted + 1)
+        b = 0
+        while b < 32 and self.costs.target_cost(k + b + 1) <= (1 + self.BRANCH_SLACK) * base:
+            b += 1
+        return min(b, self.inner.branch_room(drafted))
+
+    BRANCH_SLACK = 0.05
 
     def update(self, state: DraftState, result: RoundResult) -> None:
         self.inner.update(state, result)

@@ -178,11 +178,19 @@ class Draft:
     extension: list[int] = field(default_factory=list)
     branch: int = -1
 
-    def tree_inputs(self, pending: list[int], past: int, room: int, dtype: torch.dtype):
-        """Target input ``pending + d_1..d_γ + branches`` (branches cut to ``room`` tokens, none if
-        ``room <= 0``) and, with branches, the 4D float mask ``(1, 1, new, past + new)`` (0 where attended,
-        ``-inf`` elsewhere) and ``position_ids`` ``(1, new)``."""
+    def tree_inputs(self, pending: list[int], past: int, room: int, dtype: torch.dtype, total: int | None = None):
+        """Target input ``pending + d_1..d_γ + branches`` (each branch cut to ``room`` tokens, none if
+        ``room <= 0``; all branches together to ``total`` tokens) and, with branches, the 4D float mask
+        ``(1, 1, new, past + new)`` (0 where attended, ``-inf`` elsewhere) and ``position_ids`` ``(1, new)``."""
         self.branches = [b[:room] for b in self.branches if b] if room > 0 else []
+        if total is not None:
+            kept, left = [], total
+            for b in self.branches:
+                if left <= 0:
+                    break
+                kept.append(b[:left])
+                left -= len(kept[-1])
+            self.branches = kept
         ids = pending + self.tokens
         if not self.branches:
             return ids, None, None
@@ -404,7 +412,7 @@ def speculative_generate(
         #    after d_γ, as a tree); p[i] is the target's distribution for d_{i+1} (p[γ]: the bonus token)
         pending = tokens[target.length :]
         room = min(out.remaining, target.context - len(tokens)) - 1 - γ if sampling.greedy else 0
-        ids, mask, pos = draft.tree_inputs(pending, target.length, room, target.model.dtype)
+        ids, mask, pos = draft.tree_inputs(pending, target.length, room, target.model.dtype, policy.branch_room(γ))
         tree, _ = target.forward(ids, attention_mask=mask, position_ids=pos, keep=len(ids) - len(pending) + 1)
         logits = tree[: γ + 1]  # tree row 0 is the last pending token's
         # 3. accept: greedy - longest matching prefix, then (all γ matched) the longest matching branch,

@@ -91,6 +91,11 @@ class DraftPolicy:
         policy has no such score). The cost-aware rule calibrates it against the verifier's verdicts."""
         return None
 
+    def branch_room(self, drafted: int) -> int:
+        """How many candidate-branch tokens (Ouroboros) the target may score after a draft of ``drafted`` tokens;
+        unbounded unless a cost model says otherwise."""
+        return 1 << 30
+
     def survival_next(self, state: DraftState) -> float | None:
         """The exact probability that ``d_1..d_{n+1}`` would all be accepted, for a policy that knows it (the
         oracle); ``None`` otherwise."""
