@@ -181,6 +181,14 @@ BAD = {
     "not a gguf": (["generate", PROMPT, "--method", "ar"], {"target": "bad.gguf"}, "cannot load the GGUF"),
     "oracle with sampling": (["generate", PROMPT, "--method", "oracle", "--temperature", "1"], {}, "greedy"),
     "demo gamma 0": (["demo", "--gamma", "0"], {}, "--gamma"),
+    # checked before any model loads: the missing target would be the error otherwise
+    "empty stop string": (["generate", PROMPT, "--stop", ""], {"target": "/nonexistent/model"}, "--stop"),
+    "temperature nan": (["generate", PROMPT, "--temperature", "nan"], {"target": "/nonexistent/model"},
+                        "finite"),
+    "temperature inf": (["generate", PROMPT, "--temperature", "inf"], {"target": "/nonexistent/model"},
+                        "finite"),
+    "draft vocab negative": (["generate", PROMPT, "--draft-vocab", "-5"], {"target": "/nonexistent/model"},
+                             "--draft-vocab"),
 }
 
 
@@ -259,3 +267,49 @@ def test_demo_refuses_sampling_flags_it_would_ignore(capsys, pair):
     rc, out, err = run(capsys, pair, "demo", "--temperature", "0.7", "--stop", "x")
     assert rc == 2 and err.startswith("pacer: error: pacer demo decodes greedily") and "--temperature, --stop" in err
     assert out == ""
+
+
+def test_non_utf8_stdin_is_a_one_line_error(capsys, pair, monkeypatch):
+    class Stdin:
+        buffer = io.BytesIO(b"caf\xe9 \xff\xfe")
+
+    monkeypatch.setattr(sys, "stdin", Stdin())
+    rc, out, err = run(capsys, pair, "generate", "-")
+    assert rc == 2 and err.strip().splitlines() == [err.strip()] and "not UTF-8" in err
+
+
+def test_negative_layer_lists_are_taken_as_written():
+    from pacer.cli import _join_negative_lists, build_parser
+
+    argv = _join_negative_lists(["collect", "--out", "x", "--layers", "-2,-1"])
+    assert build_parser().parse_args(argv).layers == (-2, -1)
+    assert _join_negative_lists(["generate", "-", "--max-new-tokens", "-5"])[-1] == "-5"  # other flags untouched
+
+
+def test_more_threads_than_cores_are_capped_with_a_warning(capsys, pair):
+    import os
+
+    import torch
+
+    rc = main(["generate", PROMPT, "--max-new-tokens", "4", "--target", pair["target"], "--draft", pair["draft"],
+               "--dtype", "float32", "--threads", "999"])
+    err = capsys.readouterr().err
+    assert rc == 0 and f"using {os.cpu_count()}" in err
+    assert torch.get_num_threads() == os.cpu_count()
+    torch.set_num_threads(1)
+
+
+def test_calibrate_prints_the_curve_and_plots_it(capsys, pair, tmp_path, monkeypatch):
+    monkeypatch.setenv("PACER_HOME", str(tmp_path / "home"))
+    png = tmp_path / "curve.png"
+    rc, out, err = run(capsys, pair, "calibrate", "--plot", str(png))
+    assert rc == 0, err
+    assert "machine: " in out and "PyTorch kernels" in out and "=> scoring 8 tokens costs" in out
+    rows = [ln.split() for ln in out.splitlines() if ln.strip()[:2].strip().isdigit()]
+    assert {int(r[0]) for r in rows} >= {1, 2, 4, 8, 16}
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list((tmp_path / "home" / "calibration").glob("*.json"))  # cached
+    rc, out, err = run(capsys, pair, "calibrate", "--json")
+    assert rc == 0 and json.loads(out)["source"] == "measured"  # calibrate always measures afresh
+    rc, out, err = run(capsys, pair, "calibrate", "--plot", str(tmp_path / "curve.jpg"))
+    assert rc == 2 and "--plot" in err

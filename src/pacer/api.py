@@ -17,7 +17,7 @@ import torch
 
 from . import models
 from .calibration import Calibration
-from .costs import CostAwarePolicy, Costs
+from .costs import CostAwarePolicy, CostMemory, Costs
 from .decoding import (
     CachedModel,
     Drafter,
@@ -70,6 +70,7 @@ class Decoder:
         if costs is not None:
             self._calibrations[None] = Calibration(costs, source="given")
         self._given_costs = costs is not None
+        self._cost_memory: dict[str, CostMemory] = {}
         self._draft_rows: dict[int | str, torch.Tensor | None] = {}
         self.target_info = target
         self.draft_info = draft
@@ -210,8 +211,13 @@ class Decoder:
             return policy
         cal = self.calibration(rows)
         costs = Costs(cal.costs.draft, cal.costs.target, policy.check_seconds)
+        # what the rule learned about this method on this pair carries over to its next generation
+        size = None if rows is None else len(rows)
+        key = "|".join(map(str, (method, sorted(opts.items()), min_draft, max_draft, size)))
+        memory = self._cost_memory.setdefault(key, CostMemory())
         # costs given to the Decoder are taken as they are; measured ones follow the loop's own timings
-        return CostAwarePolicy(policy, costs, source=cal.source, refine=0.0 if cal.source == "given" else 0.2)
+        return CostAwarePolicy(policy, costs, source=cal.source, refine=0.0 if cal.source == "given" else 0.2,
+                               memory=memory)
 
     @staticmethod
     def _rule_policy(method: str, gamma: int, bounds: dict, opts: dict, aware: bool) -> DraftPolicy:

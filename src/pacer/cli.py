@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -38,8 +40,14 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def load_decoder(args: argparse.Namespace, draft: str | None = "") -> Decoder:
-    """The pair the model arguments name (``draft=None``: no draft)."""
+    """The pair the model arguments name (``draft=None``: no draft); more threads than cores are capped."""
     from .api import Decoder
+
+    cores = os.cpu_count() or 1
+    if args.threads is not None and args.threads > cores:
+        print(f"pacer: warning: --threads {args.threads} is more than this machine's {cores} cores (oversubscribed "
+              f"threads run many times slower); using {cores}", file=sys.stderr)
+        args.threads = cores
 
     return Decoder.from_pretrained(args.target, args.draft if draft == "" else draft, args.dtype, args.threads,
                                    draft_vocab=args.draft_vocab, draft_quant=args.draft_quant,
@@ -106,6 +114,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise PacerError(f"--min-draft ({args.min_draft}) must not exceed --max-draft ({args.max_draft})")
     if args.threads is not None and args.threads <= 0:
         raise PacerError(f"--threads must be >= 1, got {args.threads}")
+    if any(s == "" for s in args.stop):
+        raise PacerError("--stop takes a non-empty string (an empty one would stop after the first token)")
     if args.method == "oracle" and args.temperature > 0:
         raise PacerError("the oracle is defined for greedy decoding only (--temperature 0)")
     from .sampling import SamplingConfig
@@ -155,7 +165,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .sampling import SamplingConfig
 
     check_args(args)
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if args.prompt == "-":
+        try:
+            prompt = sys.stdin.buffer.read().decode("utf-8") if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+        except UnicodeDecodeError as e:
+            raise PacerError(f"standard input is not UTF-8 text (byte {e.start}); convert it, e.g. with iconv") from e
+    else:
+        prompt = args.prompt
     if not prompt.strip():
         raise PacerError("the prompt is empty; pass some text (or '-' to read standard input)")
     draft = None if args.method == "ar" else args.draft
@@ -332,9 +348,20 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _join_negative_lists(argv: list[str]) -> list[str]:
+    """``--layers -2,-1`` as ``--layers=-2,-1`` (argparse takes a value starting with ``-`` for an option)."""
+    out: list[str] = []
+    for a in argv:
+        if out and out[-1] in ("--layers",) and re.fullmatch(r"-\d+(,-?\d+)*", a):
+            out[-1] = f"{out[-1]}={a}"
+        else:
+            out.append(a)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = build_parser()
-    args = ap.parse_args(argv)
+    args = ap.parse_args(_join_negative_lists(list(sys.argv[1:] if argv is None else argv)))
     start = time.perf_counter()
     try:
         if hasattr(args, "draft_vocab"):

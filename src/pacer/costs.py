@@ -9,17 +9,19 @@ Terms (seconds, measured where pacer runs by :mod:`pacer.calibration`, refined b
 The rule (:class:`CostAwarePolicy`), in a round that has drafted ``n`` tokens. ``S_i`` is the probability that
 ``d_1..d_i`` are all accepted: the policy's survival score (:meth:`pacer.policies.DraftPolicy.survival`: the
 pre-verifier's block score, the SpecDec++ head's product, a rule's proxy), mapped to a probability by a
-:class:`SurvivalCalibrator` that learns from the verifier's verdicts during generation; a policy without a score
-uses ``S_i = α^i`` with ``α`` the running per-token acceptance. ``S_0 = 1``. The round so far is expected to yield
+:class:`SurvivalCalibrator` that learns from the verifier's verdicts; a policy without a score uses
+``S_i = Π_{j<=i} α_j`` with ``α_j`` the running conditional acceptance at draft position ``j``. Both are kept in a
+:class:`CostMemory` across the generations of a decoder. ``S_0 = 1``. The round so far is expected to yield
 
     ``E_n = 1 + Σ_{i<=n} S_i`` tokens in ``T_n = n (c_d + c_p) + c_t(n + 1)`` seconds.
 
-Drafting ``d_{n+1}`` adds ``ΔE = S_{n+1} ≈ S_n · S_n / S_{n-1}`` (the last token's conditional acceptance carried
-one step on; ``α`` at ``n = 0``) expected tokens for ``ΔT = c_d + c_p + c_t(n + 2) - c_t(n + 1)`` seconds, and
-goes on only when it raises the round's throughput: ``ΔE / ΔT >= E_n / T_n``. At ``n = 0`` the right side is plain
-decoding's rate ``1 / c_t(1)``, so a draft token is only spent where it is expected to beat plain decoding. On a
-machine whose ``c_t(k)`` grows like ``k · c_t(1)`` (verification not free) ``ΔT > c_t(1) >= ΔE · T_0``: no round
-drafts, and every round is a plain decoding step.
+Drafting ``d_{n+1}`` adds ``ΔE = S_{n+1}`` expected tokens (``S_n · S_n / S_{n-1}``: the last token's conditional
+acceptance carried one step on; ``S_n · α_{n+1}`` without a score and at ``n = 0``) for
+``ΔT = c_d + c_p + c_t(n + 2) - c_t(n + 1)`` seconds, and goes on only when it raises the round's throughput:
+``ΔE / ΔT >= E_n / T_n``. At ``n = 0`` the right side is plain decoding's rate ``1 / c_t(1)``, so a draft token
+is only spent where it is expected to beat plain decoding. On a machine whose ``c_t(k)`` grows like
+``k · c_t(1)`` (verification not free) ``ΔT > c_t(1) >= ΔE · T_0``: no round drafts, and every round is a plain
+decoding step.
 """
 
 from __future__ import annotations
@@ -135,6 +137,29 @@ class SurvivalCalibrator:
         return sum(abs(self.raw_sum[b] - self.hits[b]) for b in range(self.bins) if self.seen[b]) / total
 
 
+class CostMemory:
+    """What the cost-aware rule learns about a pair from the verifier, kept across the generations of one method
+    on one :class:`pacer.api.Decoder` (a fresh rule would relearn it every prompt): the score calibrator and the
+    per-position conditional acceptance ``α_i = P(d_i accepted | d_1..d_{i-1} accepted)`` (Beta prior of weight
+    ``prior`` at ``alpha``; position ``i`` counts the rounds that drafted ``i`` tokens or more and accepted at
+    least ``i - 1``)."""
+
+    def __init__(self, alpha: float = 0.6, prior: float = 4.0, positions: int = 64) -> None:
+        self.calibrator = SurvivalCalibrator()
+        self.hits = [prior * alpha] * (positions + 1)
+        self.trials = [prior] * (positions + 1)
+
+    def alpha(self, i: int = 1) -> float:
+        i = min(max(i, 1), len(self.hits) - 1)
+        return self.hits[i] / self.trials[i]
+
+    def update(self, raw: list[float | None], drafted: int, accepted: int) -> None:
+        self.calibrator.update(raw[:drafted], accepted)
+        for i in range(1, min(accepted + 1, drafted, len(self.hits) - 1) + 1):
+            self.trials[i] += 1
+            self.hits[i] += i <= accepted
+
+
 @dataclass
 class CostReport:
     """What the cost-aware rule saw in one generation (``GenerationResult.extra["cost_aware"]``)."""
@@ -167,20 +192,19 @@ class CostAwarePolicy(DraftPolicy):
     name = "cost-aware"
 
     def __init__(self, inner: DraftPolicy, costs: Costs, source: str = "", refine: float = 0.2,
-                 alpha: float = 0.6) -> None:
+                 memory: CostMemory | None = None) -> None:
         super().__init__(inner.min_draft, inner.max_draft)
         self.inner, self.base, self.source, self.refine = inner, costs.monotone(), source, refine
         self.hidden_layers = inner.hidden_layers
         self.needs_soft = inner.needs_soft
-        self.calibrator = SurvivalCalibrator()
-        self.alpha0 = alpha
+        self.memory = memory or CostMemory()
+        self.calibrator = self.memory.calibrator
         self.reset()
 
     def reset(self) -> None:
         self.inner.reset()
         self.scale_d = self.scale_t = 1.0
         self.costs = self.base
-        self.hits, self.trials = 4.0 * self.alpha0, 4.0  # α: Beta prior of weight 4
         self.rounds = self.zero_rounds = 0
         self._new_round()
 
@@ -190,27 +214,34 @@ class CostAwarePolicy(DraftPolicy):
 
     @property
     def alpha(self) -> float:
-        return self.hits / self.trials
+        """The running acceptance of the first draft token."""
+        return self.memory.alpha(1)
 
     def _survival(self, state: DraftState) -> None:
         """Extend ``S`` (and the raw scores ``raw``, ``None`` where the policy has none) to ``state.n`` entries;
         positions the loop did not ask about (below ``min_draft``) get the score of the first one asked."""
         raw = self.inner.survival(state)
         while len(self.S) < state.n:
+            i = len(self.S) + 1
             self.raw.append(raw)
-            p = self.alpha ** (len(self.S) + 1) if raw is None else self.calibrator(raw)
-            self.S.append(min(self.S[-1] if self.S else 1.0, p))
+            prev = self.S[-1] if self.S else 1.0
+            self.S.append(prev * self.memory.alpha(i) if raw is None else min(prev, self.calibrator(raw)))
 
     def should_continue(self, state: DraftState) -> bool:
         if not self.inner.should_continue(state):
             return False
         self._survival(state)
         n = state.n
+        exact = self.inner.survival_next(state)
+        if exact is not None:
+            return gain_pays(self.S, exact, self.costs)
         S_n = self.S[-1] if n else 1.0
         S_prev = self.S[-2] if n > 1 else 1.0
-        a = S_n / S_prev if n and S_prev > 0 else self.alpha  # the last token's conditional acceptance
-        exact = self.inner.survival_next(state)
-        return gain_pays(self.S, S_n * min(1.0, a) if exact is None else exact, self.costs)
+        if n == 0 or self.raw[-1] is None:  # no score: the learned acceptance of the next position
+            a = self.memory.alpha(n + 1)
+        else:  # the last token's conditional acceptance, carried one step on
+            a = S_n / S_prev if S_prev > 0 else 0.0
+        return gain_pays(self.S, S_n * min(1.0, a), self.costs)
 
     def branch_room(self, drafted: int) -> int:
         """Candidate branches ride along only on the flat part of the cost curve: at most the ``b`` extra scored
@@ -228,11 +259,9 @@ class CostAwarePolicy(DraftPolicy):
         γ, n = result.drafted, result.accepted
         self.rounds += 1
         self.zero_rounds += γ == 0
-        if γ:  # conditional acceptance: the tokens up to and including the first rejection
-            self.hits += n
-            self.trials += min(n + 1, γ)
+        if γ:
             self._survival(state)
-            self.calibrator.update(self.raw[:γ], n)
+            self.memory.update(self.raw, γ, n)
         if self.rounds > 1 and self.refine:
             r = self.refine
             if γ and result.draft_seconds > 0 and self.base.draft > 0:

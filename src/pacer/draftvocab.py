@@ -105,10 +105,13 @@ def parse(text: str) -> int | str:
     if text == "auto":
         return text
     try:
-        return int(text)
+        size = int(text)
     except ValueError:
+        size = -1
+    if size < 0:
         raise PacerError(f"--draft-vocab must be auto or a number of tokens (0: the full vocabulary), got "
-                         f"{text!r}") from None
+                         f"{text!r}")
+    return size
 
 
 def check_size(size: int, vocab: int) -> None:

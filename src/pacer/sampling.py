@@ -18,6 +18,7 @@ residual ``max(0, p[i] - q[i])``: every emitted token is distributed exactly as 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -35,11 +36,11 @@ class SamplingConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise PacerError(f"--temperature must be >= 0, got {self.temperature}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise PacerError(f"--temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise PacerError(f"--top-k must be >= 0, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
+        if not 0.0 < self.top_p <= 1.0:  # NaN fails this too
             raise PacerError(f"--top-p must be in (0, 1], got {self.top_p}")
 
     @property
