@@ -100,6 +100,7 @@ def test_gate_follows_the_loop_timings():
     for gate in gates:  # the same verdicts (so the same α), measured times only matter with refine > 0
         for _ in range(10):
             gate.update(fixed_state(4), RoundResult(4, 3, draft_seconds=4 * 10 * FLAT.draft, verify_seconds=0.3,
+                                                    draft_forwards=4,
                                                     scored=5))
     assert gates[0].costs.draft > 3 * FLAT.draft and gates[1].costs.draft == FLAT.draft
     refined, fixed = (g.should_continue(fixed_state(0)) for g in gates)
@@ -328,3 +329,12 @@ def test_per_position_acceptance_counts_only_the_positions_that_were_reached():
     m = CostMemory(alpha=0.5, prior=2.0)
     m.update([None] * 4, drafted=4, accepted=1)  # d_1 accepted, d_2 rejected, d_3 and d_4 not reached
     assert m.trials[1:5] == [3.0, 3.0, 2.0, 2.0] and m.hits[1:5] == [2.0, 1.0, 1.0, 1.0]
+
+
+def test_a_token_that_came_with_a_phrase_costs_no_draft_forward():
+    S = [0.9, 0.8, 0.7]
+    dear = Costs(draft=0.3, target=FLAT.target)  # a draft token as dear as a target forward
+    assert not gain_pays(S, 0.6, dear)
+    assert gain_pays(S, 0.6, dear, free=True)  # only its (nearly free) place in the verification
+    # what was really spent on the round counts: three free phrase tokens leave the round cheaper
+    assert gain_pays(S, 0.5, FLAT, spent=0.0) and not gain_pays(S, 0.5, Costs(0.3, FLAT.target), spent=0.9)

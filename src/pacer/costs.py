@@ -82,14 +82,14 @@ class Costs:
         return self.target_cost(k) / self.target_cost(1)
 
 
-def gain_pays(S: list[float], S_next: float, costs: Costs) -> bool:
+def gain_pays(S: list[float], S_next: float, costs: Costs, spent: float | None = None, free: bool = False) -> bool:
     """Does drafting ``d_{n+1}`` raise the round's expected throughput? ``S`` = ``[S_1..S_n]``, ``S_next`` =
-    ``S_{n+1}`` (see the module docstring for the terms)."""
+    ``S_{n+1}`` (see the module docstring for the terms). ``spent``: the round's drafting seconds so far (default
+    ``n (c_d + c_p)``); ``free``: ``d_{n+1}`` needs no draft forward (it came with a phrase), only ``c_p``."""
     n = len(S)
-    step = costs.draft + costs.policy_per_check
     E = 1.0 + sum(S)
-    T = n * step + costs.target_cost(n + 1)
-    dT = step + costs.target_cost(n + 2) - costs.target_cost(n + 1)
+    T = (n * (costs.draft + costs.policy_per_check) if spent is None else spent) + costs.target_cost(n + 1)
+    dT = (0.0 if free else costs.draft) + costs.policy_per_check + costs.target_cost(n + 2) - costs.target_cost(n + 1)
     return S_next * T >= E * dT
 
 
@@ -209,6 +209,8 @@ class CostAwarePolicy(DraftPolicy):
         self._new_round()
 
     def _new_round(self) -> None:
+        self.spent = 0.0  # drafting seconds of this round so far (as the cost model counts them) ...
+        self.counted = 0  # ... for its first ``counted`` tokens
         self.S: list[float] = []
         self.raw: list[float | None] = []
 
@@ -232,27 +234,36 @@ class CostAwarePolicy(DraftPolicy):
             return False
         self._survival(state)
         n = state.n
+        if n > self.counted:  # tokens drafted below min_draft, without asking
+            self.spent += (n - self.counted) * (self.costs.draft + self.costs.policy_per_check)
         exact = self.inner.survival_next(state)
-        if exact is not None:
-            return gain_pays(self.S, exact, self.costs)
         S_n = self.S[-1] if n else 1.0
         S_prev = self.S[-2] if n > 1 else 1.0
-        if n == 0 or self.raw[-1] is None:  # no score: the learned acceptance of the next position
-            a = self.memory.alpha(n + 1)
+        if exact is not None:
+            S_next = exact
+        elif n == 0 or self.raw[-1] is None:  # no score: the learned acceptance of the next position
+            S_next = S_n * self.memory.alpha(n + 1)
         else:  # the last token's conditional acceptance, carried one step on
-            a = S_n / S_prev if S_prev > 0 else 0.0
-        return gain_pays(self.S, S_n * min(1.0, a), self.costs)
+            S_next = S_n * min(1.0, S_n / S_prev if S_prev > 0 else 0.0)
+        go = gain_pays(self.S, S_next, self.costs, self.spent, state.next_is_free)
+        if go:
+            self.spent += (0.0 if state.next_is_free else self.costs.draft) + self.costs.policy_per_check
+        self.counted = n + go
+        return go
 
     def branch_room(self, drafted: int) -> int:
-        """Candidate branches ride along only on the flat part of the cost curve: at most the ``b`` extra scored
-        tokens with ``c_t(γ + 1 + b) <= (1 + BRANCH_SLACK) · c_t(γ + 1)`` (none where verification costs ``∝ k``)."""
-        k, base = drafted + 1, self.costs.target_cost(drafted + 1)
+        """Candidate branches ride along only where scoring them is nearly free: at most the ``b`` extra tokens
+        whose mean marginal cost ``(c_t(γ + 1 + b) - c_t(γ + 1)) / b`` stays within ``BRANCH_SLACK · c_t(1)``
+        (none where verification costs ``∝ k``)."""
+        k, c1 = drafted + 1, self.costs.target_cost(1)
         b = 0
-        while b < 32 and self.costs.target_cost(k + b + 1) <= (1 + self.BRANCH_SLACK) * base:
+        while b < 32 and self.costs.target_cost(k + b + 1) - self.costs.target_cost(k) <= \
+                self.BRANCH_SLACK * (b + 1) * c1:
             b += 1
         return min(b, self.inner.branch_room(drafted))
 
-    BRANCH_SLACK = 0.05
+    #: the most a candidate-branch token may add to a verification, as a fraction of one target forward
+    BRANCH_SLACK = 0.1
 
     def update(self, state: DraftState, result: RoundResult) -> None:
         self.inner.update(state, result)
@@ -264,8 +275,8 @@ class CostAwarePolicy(DraftPolicy):
             self.memory.update(self.raw, γ, n)
         if self.rounds > 1 and self.refine:
             r = self.refine
-            if γ and result.draft_seconds > 0 and self.base.draft > 0:
-                obs = result.draft_seconds / γ / self.base.draft
+            if result.draft_forwards and result.draft_seconds > 0 and self.base.draft > 0:
+                obs = result.draft_seconds / result.draft_forwards / self.base.draft
                 self.scale_d += r * (min(4.0, max(0.25, obs)) - self.scale_d)
             if result.verify_seconds > 0 and result.scored:
                 obs = result.verify_seconds / self.base.target_cost(result.scored)

@@ -436,7 +436,8 @@ def speculative_generate(
         stats.draft_forwards += draft.forwards
         soft = acceptance_probs(draft.tokens, draft.state.prob, p if p is not None else torch.softmax(logits, -1)) \
             if policy.needs_soft else []
-        policy.update(draft.state, RoundResult(γ, n, soft, t1 - t0 - draft.policy_time, t2 - t1, len(ids)))
+        policy.update(draft.state, RoundResult(γ, n, soft, t1 - t0 - draft.policy_time, t2 - t1, len(ids),
+                                                 draft.forwards))
         t3 = time.perf_counter()
         stats.time_draft += t1 - t0 - draft.policy_time
         stats.time_policy += draft.policy_time + (t3 - t2)

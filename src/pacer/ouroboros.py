@@ -283,8 +283,9 @@ class PhraseDrafter(TokenDrafter):
         policy_time, forwards = 0.0, 0
         self._leftover = []
 
-        def go_on() -> bool:
+        def go_on(free: bool = False) -> bool:
             nonlocal policy_time
+            state.next_is_free = free
             if state.n < policy.min_draft:
                 return True
             t = time.perf_counter()
@@ -311,7 +312,7 @@ class PhraseDrafter(TokenDrafter):
             new = phrase[:k] + [guess[k]]  # the draft's own greedy tokens
             kept = 0
             for j, x in enumerate(new):
-                if j and (state.n >= budget or not go_on()):
+                if j and (state.n >= budget or not go_on(free=True)):
                     break
                 token_features(q[j], x, state)
                 state.phrase.append(j < k)

@@ -22,7 +22,8 @@ class DraftState:
     ``prob`` is ``q(d_i)``, the draft's probability of its own token; ``top_prob`` is ``max q``; ``entropy`` is the
     entropy of ``q`` in nats; ``hidden`` holds, per token, the draft's hidden state(s) at the position that predicted
     it (the layers the policy asked for, concatenated), only when ``policy.hidden_layers`` is set. ``produced`` is
-    the number of tokens generated before this round; ``phrase`` marks tokens that came from a phrase (Ouroboros).
+    the number of tokens generated before this round; ``phrase`` marks tokens that came from a phrase (Ouroboros);
+    ``next_is_free`` says that the token asked about next needs no draft forward of its own.
     """
 
     produced: int = 0
@@ -32,6 +33,9 @@ class DraftState:
     entropy: list[float] = field(default_factory=list)
     hidden: list[torch.Tensor] = field(default_factory=list)
     phrase: list[bool] = field(default_factory=list)
+    #: the token the policy is asked about next is already computed (an Ouroboros draft forward over a phrase
+    #: gives several tokens): drafting it costs no draft forward, only its place in the verification
+    next_is_free: bool = False
 
     @property
     def n(self) -> int:
@@ -42,7 +46,7 @@ class DraftState:
 class RoundResult:
     """Verification outcome: ``accepted`` of ``drafted`` tokens, soft acceptance ``min(1, p/q)`` per token (when the
     policy ``needs_soft``), and the round's measured times: ``draft_seconds`` in draft forwards,
-    ``verify_seconds`` in the target forward that scored ``scored`` tokens."""
+    ``verify_seconds`` in the target forward that scored ``scored`` tokens, ``draft_forwards`` draft forwards."""
 
     drafted: int
     accepted: int
@@ -50,6 +54,7 @@ class RoundResult:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     scored: int = 0
+    draft_forwards: int = 0
 
 
 class DraftPolicy:
