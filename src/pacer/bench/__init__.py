@@ -275,6 +275,10 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
     from ..models import atomic_write_text
     from .runner import Bench, warm_up
 
+    # the code this process runs is what was on disk when it started: read the commit before the (long) loading
+    # and warm-up, during which the tree may move on
+    commit = _git("rev-parse", "HEAD")
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
     dec, target, draft, dtype = _load_decoder(args)
     config = {
         "target": target, "draft": draft, "dtype": dtype, "threads": dec.threads,
@@ -304,8 +308,6 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
         f"{args.max_new_tokens} new tokens per turn, {dtype}, {dec.threads} threads; warming up ...")
     specs = warm_up(dec, specs, questions[0], args.max_new_tokens, args.skip_failing, log)
     labels = [s.label for s in specs]
-    commit = _git("rev-parse", "HEAD")
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
     now = _dt.datetime.now().isoformat(timespec="seconds")
     load_at_start = None if load is None else round(load, 2)
     # one entry per start or resume: a run continued in a later session says which commits and machines made it
