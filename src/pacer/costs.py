@@ -52,13 +52,18 @@ class Costs:
         return self.target[ks[-1]] * k / ks[-1]
 
     def monotone(self) -> Costs:
-        """The same costs with ``c_t`` made non-decreasing in ``k`` (a noisy ``c_t(2) < c_t(1)`` would otherwise
-        make a second scored token look like it saves time)."""
-        out, top = {}, 0.0
+        """The same costs with ``c_t`` made non-decreasing in ``k`` by isotonic regression (pool adjacent
+        violators): a noisy ``c_t(2) < c_t(1)`` would otherwise make a second scored token look like it saves
+        time, and one slow point would raise every longer forward."""
+        blocks: list[list[float]] = []  # [sum, count] of pooled neighbours
         for k in sorted(self.target):
-            top = max(top, self.target[k])
-            out[k] = top
-        return Costs(self.draft, out, self.policy_per_check)
+            blocks.append([self.target[k], 1.0])
+            while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+                total, count = blocks.pop()
+                blocks[-1][0] += total
+                blocks[-1][1] += count
+        values = [b[0] / b[1] for b in blocks for _ in range(int(b[1]))]
+        return Costs(self.draft, dict(zip(sorted(self.target), values, strict=True)), self.policy_per_check)
 
     def scaled(self, draft: float, target: float) -> Costs:
         return Costs(self.draft * draft, {k: v * target for k, v in self.target.items()}, self.policy_per_check)
@@ -145,13 +150,19 @@ class CostMemory:
     least ``i - 1``)."""
 
     def __init__(self, alpha: float = 0.6, prior: float = 4.0, positions: int = 64) -> None:
+        self.alpha0, self.prior = alpha, prior
         self.calibrator = SurvivalCalibrator()
         self.hits = [prior * alpha] * (positions + 1)
         self.trials = [prior] * (positions + 1)
 
     def alpha(self, i: int = 1) -> float:
+        """``α_i``; a position seen rarely leans on the one before it (its prior is ``α_{i-1}``, weight
+        ``prior``), so a position a short-drafting rule never reaches is not stuck at the initial prior."""
         i = min(max(i, 1), len(self.hits) - 1)
-        return self.hits[i] / self.trials[i]
+        a = self.hits[1] / self.trials[1]
+        for j in range(2, i + 1):
+            a = (self.hits[j] - self.prior * self.alpha0 + self.prior * a) / self.trials[j]
+        return a
 
     def update(self, raw: list[float | None], drafted: int, accepted: int) -> None:
         self.calibrator.update(raw[:drafted], accepted)
