@@ -168,14 +168,9 @@ def choose_draft_quant(draft, reps: int = 5) -> str:
     if not available():
         return "none"
     key = _machine_key(draft, "draft-quant")
-    path = cache_path(key)
-    try:
-        doc = json.loads(path.read_text())
-        if doc.get("key") == key and doc.get("sha256") == _checksum(doc["payload"]) \
-                and doc["payload"].get("choice") in ("int8", "none"):
-            return doc["payload"]["choice"]
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
-        pass
+    cached, _ = _read_payload(key)
+    if cached is not None and cached.get("choice") in ("int8", "none"):
+        return cached["choice"]
     ctx = [(1000 + 7 * i) % max(2, draft.vocab_size - 1) for i in range(CONTEXT)]
     times = {}
     with torch.inference_mode():
@@ -185,11 +180,7 @@ def choose_draft_quant(draft, reps: int = 5) -> str:
             _timed(cm, ctx[:1], len(ctx))
             times[kind] = statistics.median(_timed(cm, ctx[:1], len(ctx)) for _ in range(reps))
     choice = "int8" if times["int8"] < 0.9 * times["none"] else "none"
-    payload = {"choice": choice, "seconds": {k: round(v, 5) for k, v in times.items()}}
-    from .models import atomic_write_text
-
-    atomic_write_text(path, json.dumps({"format": FORMAT, "key": key, "payload": payload,
-                                        "sha256": _checksum(payload)}, indent=1) + "\n")
+    _write_payload(key, {"choice": choice, "seconds": {k: round(v, 5) for k, v in times.items()}})
     return choice
 
 
@@ -277,8 +268,11 @@ def conservative(decoder, c1: float | None = None) -> Calibration:
     return Calibration(Costs(c1 / 3, {1: c1, 2: 2 * c1}), source="conservative")
 
 
-def load(key: dict) -> tuple[Calibration | None, str]:
-    """The cached calibration for ``key``, or ``(None, why)``."""
+_READ_ERRORS = (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError)
+
+
+def _read_payload(key: dict) -> tuple[dict | None, str]:
+    """The verified payload cached for ``key``, or ``(None, why)`` (``why`` empty when there is no file)."""
     path = cache_path(key)
     if not path.exists():
         return None, ""
@@ -288,25 +282,39 @@ def load(key: dict) -> tuple[Calibration | None, str]:
             return None, f"calibration cache {path} was made for another machine or pair"
         if doc.get("sha256") != _checksum(doc["payload"]):
             return None, f"calibration cache {path} is damaged (checksum mismatch)"
-        p = doc["payload"]
-        cal = Calibration(Costs.from_dict(p["costs"]), float(p["prefill"]), key, "cache",
-                          noisy=bool(p.get("noisy", False)), seconds=float(p.get("seconds", 0)),
-                          measured=list(p.get("measured", [])))
-        if not cal.costs.target or cal.costs.target_cost(1) <= 0:
-            return None, f"calibration cache {path} holds no usable costs"
-        return cal, ""
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
+        return doc["payload"], ""
+    except _READ_ERRORS as e:
         return None, f"calibration cache {path} cannot be read ({type(e).__name__})"
 
 
-def save(cal: Calibration) -> Path:
+def _write_payload(key: dict, payload: dict) -> Path:
+    """Cache ``payload`` for ``key`` (atomically, with its checksum)."""
     from .models import atomic_write_text
 
-    path = cache_path(cal.key)
-    payload = cal.payload()
-    doc = {"format": FORMAT, "key": cal.key, "payload": payload, "sha256": _checksum(payload)}
+    path = cache_path(key)
+    doc = {"format": FORMAT, "key": key, "payload": payload, "sha256": _checksum(payload)}
     atomic_write_text(path, json.dumps(doc, indent=1) + "\n")
     return path
+
+
+def load(key: dict) -> tuple[Calibration | None, str]:
+    """The cached calibration for ``key``, or ``(None, why)``."""
+    p, why = _read_payload(key)
+    if p is None:
+        return None, why
+    try:
+        cal = Calibration(Costs.from_dict(p["costs"]), float(p["prefill"]), key, "cache",
+                          noisy=bool(p.get("noisy", False)), seconds=float(p.get("seconds", 0)),
+                          measured=list(p.get("measured", [])))
+    except _READ_ERRORS as e:
+        return None, f"calibration cache {cache_path(key)} cannot be read ({type(e).__name__})"
+    if not cal.costs.target or cal.costs.target_cost(1) <= 0:
+        return None, f"calibration cache {cache_path(key)} holds no usable costs"
+    return cal, ""
+
+
+def save(cal: Calibration) -> Path:
+    return _write_payload(cal.key, cal.payload())
 
 
 def _stderr_progress(msg: str) -> None:
