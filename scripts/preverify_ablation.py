@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from pacer.models import atomic_write_text
+from pacer.io import atomic_write_text
 from pacer.preverify.train import Costs, train
 
 VARIANTS = [

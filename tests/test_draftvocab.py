@@ -11,7 +11,7 @@ import torch
 
 from pacer import PacerError, SamplingConfig
 from pacer.bench.methods import parse_methods
-from pacer.decoding import CachedModel, TokenDrafter
+from pacer.decoding import TokenDrafter, TransformersBackend
 from pacer.draftvocab import coverage, frequent_ids, load_or_build, special_ids
 from pacer.policies import FixedPolicy
 from test_sampling import ALPHA, PROMPT, SMALL_VOCAB, _decoder, chi2_pvalue, exact_joint
@@ -23,7 +23,7 @@ HALF = list(range(0, 256, 2)) + [256, 257, 258]
 def test_restricted_head_gives_the_same_logits_on_kept_rows(close):
     model = close.draft_info.model
     rows = torch.tensor(HALF)
-    full, part = CachedModel(model), CachedModel(model, rows)
+    full, part = TransformersBackend(model), TransformersBackend(model, rows)
     ids = close.encode("hello world, this is")
     lf, hf = full.forward(ids, hidden=True, keep=3)
     lp, hp = part.forward(ids, hidden=True, keep=3)
@@ -48,10 +48,10 @@ def test_restricted_head_gives_the_same_logits_on_kept_rows(close):
 
 def test_drafter_never_proposes_outside_the_rows(close):
     rows = torch.tensor(HALF)
-    drafter = TokenDrafter(close.draft_info.model, close.vocab, rows)
+    drafter = TokenDrafter(TransformersBackend(close.draft_info.model, rows), close.vocab)
     drafter.reset()
     ids = close.encode("The 3 quick brown foxes")
-    d = drafter.propose(ids, FixedPolicy(gamma=12), 12, SamplingConfig(), torch.Generator(), 0)
+    d = drafter.propose(ids, FixedPolicy(gamma=12), 12, SamplingConfig(), torch.Generator())
     assert len(d.tokens) == 12 and set(d.tokens) <= set(HALF) | set(ids)
     assert all(0 < p <= 1 for p in d.state.prob)
 
@@ -63,7 +63,7 @@ def test_greedy_output_identical_with_a_reduced_draft_vocab(pairs, method):
         for prompt in ("hello world, this is", "def f(x):\n    return"):
             ids = dec.encode(prompt)
             ar = dec.generate(ids, "ar", max_new_tokens=30)
-            res = dec.generate(ids, method, max_new_tokens=30, gamma=5, drafter_opts={"draft_vocab": HALF})
+            res = dec.generate(ids, method, max_new_tokens=30, gamma=5, options={"draft_vocab": HALF})
             assert res.token_ids == ar.token_ids, (kind, method, prompt)
             if method == "oracle":  # drafts exactly to the reduced draft's first mismatch
                 assert res.stats.accepted_tokens == res.stats.draft_tokens
@@ -71,7 +71,7 @@ def test_greedy_output_identical_with_a_reduced_draft_vocab(pairs, method):
     dec = pairs["same"]
     ar = dec.generate("hello world", "ar", max_new_tokens=30)
     assert any(t not in HALF for t in ar.token_ids)
-    res = dec.generate("hello world", "sd", max_new_tokens=30, gamma=4, drafter_opts={"draft_vocab": HALF})
+    res = dec.generate("hello world", "sd", max_new_tokens=30, gamma=4, options={"draft_vocab": HALF})
     assert res.token_ids == ar.token_ids and res.stats.acceptance_rate < 1.0
 
 
@@ -99,7 +99,7 @@ def test_sampling_with_a_reduced_draft_vocab_keeps_the_target_distribution():
     counts = np.zeros_like(exact)
     for s in range(seeds):
         res = dec.generate(PROMPT, "sd", max_new_tokens=3, gamma=2, sampling=SamplingConfig(1.0, seed=s),
-                           drafter_opts={"draft_vocab": rows})
+                           options={"draft_vocab": rows})
         counts[res.token_ids[0], res.token_ids[1]] += 1
     assert counts[1::2].sum() > 0  # odd tokens (never drafted) are still produced, by the target
     assert chi2_pvalue(counts.sum(1), exact.sum(1)) > ALPHA
@@ -133,7 +133,7 @@ def test_load_or_build_caches_and_refuses_bad_sizes(close, tmp_path, monkeypatch
     monkeypatch.setattr(dv, "sharegpt_texts", boom)
     assert torch.equal(load_or_build(close, 40, home=tmp_path), rows)
     for bad in (3, 259, 10_000):
-        with pytest.raises(PacerError, match="--draft-vocab must be 0"):
+        with pytest.raises(PacerError, match="draft_vocab must be 0"):
             load_or_build(close, bad, home=tmp_path)
 
 
@@ -143,10 +143,10 @@ def test_bench_method_option_end_to_end(tmp_path, capsys, monkeypatch):
     from pacer.cli import main
 
     spec = parse_methods("ar,sd:gamma=4:draft_vocab=32768,pacer:draft_vocab=0")
-    assert spec[1].generate_kwargs()["drafter_opts"] == {"draft_vocab": 32768}
+    assert spec[1].generate_kwargs()["options"] == {"draft_vocab": 32768}
     with pytest.raises(PacerError, match="hf-assisted takes"):
         parse_methods("hf-assisted:draft_vocab=100")
-    with pytest.raises(PacerError, match="ngram is an option of"):
+    with pytest.raises(PacerError, match="takes no option 'ngram'"):
         parse_methods("sd:ngram=3")
     monkeypatch.setenv("PACER_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(dv, "sharegpt_texts", lambda conversations=0: ["the quick brown fox, 1 2 3"] * 8)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pacer.decoding import CachedModel, Output, TokenDrafter, speculative_generate
+from pacer.decoding import ModelBackend, Output, TokenDrafter, speculative_generate
 from pacer.policies import DraftPolicy, FixedPolicy, RoundResult
 from pacer.sampling import SamplingConfig
 from pacer.stats import GenerationStats
@@ -23,7 +23,7 @@ def test_greedy_sd_equals_plain(pairs, kind, method):
             assert res.token_ids == ar.token_ids, (kind, method, prompt, gamma)
             st = res.stats
             assert st.new_tokens == len(ar.token_ids)
-            assert all(0 <= n <= g for n, g in zip(st.accept_lengths, st.draft_lengths, strict=True))
+            assert all(0 <= n <= g for n, g in zip(st.accepted_counts, st.draft_lengths, strict=True))
             if method == "sd":
                 assert max(st.draft_lengths) <= min(gamma, 36)
 
@@ -53,7 +53,7 @@ class CacheChecker(DraftPolicy):
 
     name = "check"
 
-    def __init__(self, target: CachedModel, drafter: TokenDrafter, prompt_len: int, out: Output, gamma: int):
+    def __init__(self, target: ModelBackend, drafter: TokenDrafter, prompt_len: int, out: Output, gamma: int):
         super().__init__(1, gamma)
         self.t, self.d, self.p, self.out, self.gamma, self.rounds = target, drafter, prompt_len, out, gamma, 0
 
@@ -77,7 +77,7 @@ class CacheChecker(DraftPolicy):
 def test_cache_lengths_after_every_round(close, gamma):
     ids = close.encode(PROMPTS[1])
     out = Output(50, set())  # no EOS: run the whole budget
-    drafter = TokenDrafter(close.draft_info.model, close.vocab)
+    drafter = TokenDrafter(close.draft_backend(), close.vocab)
     pol = CacheChecker(close.target, drafter, len(ids), out, gamma)
     speculative_generate(close.target, drafter, pol, ids, out, SamplingConfig(), GenerationStats())
     assert pol.rounds > 5 and len(out.ids) == 50
@@ -137,10 +137,10 @@ def test_stats_definitions(pairs):
     res = pairs["same"].generate(PROMPTS[0], "sd", max_new_tokens=14, gamma=3)
     st = res.stats
     # 3 rounds of 3 drafted + 1 bonus = 12 tokens; 2 remain, so the last round drafts 1 (+1 bonus)
-    assert st.draft_lengths == [3, 3, 3, 1] and st.accept_lengths == [3, 3, 3, 1]
+    assert st.draft_lengths == [3, 3, 3, 1] and st.accepted_counts == [3, 3, 3, 1]
     assert st.tau == pytest.approx(14 / 4) and st.acceptance_rate == 1.0
     assert st.per_position_acceptance() == [1.0, 1.0, 1.0]
-    assert st.accept_length_histogram() == {1: 1, 3: 3}
+    assert st.accepted_count_histogram() == {1: 1, 3: 3}
     d = st.to_dict()
     assert d["tokens_per_s"] > 0 and d["target_calls"] == 4 and d["wasted_draft_tokens"] == 0
 

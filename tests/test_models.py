@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from pacer import PacerError, models
-from pacer.models import GgufSpec, assemble_gguf, atomic_write_text, check_same_tokenizer, load_model
+from pacer import io as pacer_io
+from pacer.io import atomic_write_text
+from pacer.models import GgufSpec, assemble_gguf, check_same_tokenizer, load_model
 from pacer.tiny import save_tiny_pair, tiny_pair, tiny_tokenizer
 
 CHUNKS = [os.urandom(3000), os.urandom(5000) + b"middle", os.urandom(1234)]
@@ -161,7 +163,7 @@ def test_atomic_write_failure_keeps_old_content(tmp_path, monkeypatch):
     def fail(_fd):
         raise OSError("disk full")
 
-    monkeypatch.setattr(models.os, "fsync", fail)
+    monkeypatch.setattr(pacer_io.os, "fsync", fail)
     with pytest.raises(OSError):
         atomic_write_text(p, "new")
     assert p.read_text() == "old"

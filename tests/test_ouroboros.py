@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from pacer.decoding import CachedModel, Draft, TokenDrafter
+from pacer.decoding import Draft, TokenDrafter, TransformersBackend, Tree
 from pacer.errors import PacerError
 from pacer.ouroboros import PhraseDrafter, PhrasePool, clear_shared_pools
 from pacer.policies import ConfidencePolicy, DraftState, FixedPolicy
@@ -17,12 +17,12 @@ PROMPTS = ["hello world, this is", "def f(x):\n    return", "a", "abc abc abc ab
 
 
 def drafter(dec, **opts):
-    return PhraseDrafter(dec.draft_info.model, dec.vocab, **opts)
+    return PhraseDrafter(dec.draft_backend(), dec.vocab, **opts)
 
 
 def check_stats(res):
     st = res.stats
-    assert all(0 <= n <= g for n, g in zip(st.accept_lengths, st.draft_lengths, strict=True))
+    assert all(0 <= n <= g for n, g in zip(st.accepted_counts, st.draft_lengths, strict=True))
     rep = res.extra["drafter"]
     assert rep["draft_forwards"] == st.draft_forwards
     assert rep["draft_forwards"] <= rep["draft_tokens"] + rep["rounds"]
@@ -41,7 +41,7 @@ def test_greedy_ouroboros_equals_plain(pairs, kind, candidates):
         for gamma, ngram in ((1, 3), (4, 6), (9, 2)):
             for warm in (False, True):
                 opts = {"candidates": candidates, "ngram": ngram, "warm_start": warm}
-                res = dec.generate(ids, "ouroboros", max_new_tokens=37, gamma=gamma, drafter_opts=opts)
+                res = dec.generate(ids, "ouroboros", max_new_tokens=37, gamma=gamma, options=opts)
                 assert res.token_ids == ar, (kind, candidates, prompt, gamma, ngram, warm)
                 rep = check_stats(res)
                 assert max(res.stats.draft_lengths) - rep["candidate_accepted_tokens"] <= gamma
@@ -54,8 +54,8 @@ def test_same_draft_gains_from_warm_phrases(pairs):
     dec = pairs["same"]
     clear_shared_pools()
     ids = dec.encode(PROMPTS[0])
-    first = dec.generate(ids, "ouroboros", max_new_tokens=40, gamma=8, drafter_opts={"candidates": 2})
-    second = dec.generate(ids, "ouroboros", max_new_tokens=40, gamma=8, drafter_opts={"candidates": 2})
+    first = dec.generate(ids, "ouroboros", max_new_tokens=40, gamma=8, options={"candidates": 2})
+    second = dec.generate(ids, "ouroboros", max_new_tokens=40, gamma=8, options={"candidates": 2})
     assert first.token_ids == second.token_ids
     rep = second.extra["drafter"]
     assert rep["phrase_tokens"] > 0 and rep["phrase_hits_by_source"].get("warm", 0) > 0
@@ -103,7 +103,7 @@ def test_planted_draft_phrase(pairs, kind, match):
         if kind == "same":  # the draft agrees with every target token
             want = {"full": 6, "partial": 3, "none": 0}[match]
             assert rep["phrase_tokens"] >= want
-            assert res.stats.accept_lengths[0] == 8
+            assert res.stats.accepted_counts[0] == 8
             # first round: one forward for the phrase (+ its own next token), then one per token
             assert res.stats.draft_forwards < rep["draft_tokens"] or match == "none"
 
@@ -131,7 +131,7 @@ def test_planted_candidate_branch(pairs, kind, match, n_candidates):
         if kind == "same":
             assert rep["candidate_rounds"] >= 1
             ext = {"full": 6, "partial": 3, "none": 0}[match]
-            assert res.stats.accept_lengths[0] == gamma + ext
+            assert res.stats.accepted_counts[0] == gamma + ext
             assert res.stats.draft_lengths[0] == gamma + ext
             assert rep["candidate_accepted_tokens"] >= ext
 
@@ -145,7 +145,7 @@ def test_tree_size_caps_the_branches(pairs):
         d.pool.add(tuple(ar[:2]), (wrong(ar[2]),) * 6, "prompt")
         d.pool.add(tuple(ar[:2]), tuple(ar[2:8]), "prompt")  # newest: the first candidate
         res = dec.generate(ids, "ouroboros", max_new_tokens=30, gamma=2, drafter=d)
-        assert res.token_ids == ar and res.stats.accept_lengths[0] == 2 + want, tree_size
+        assert res.token_ids == ar and res.stats.accepted_counts[0] == 2 + want, tree_size
         rep = res.extra["drafter"]
         cap = tree_size - 3 if tree_size else 12
         assert rep["candidate_tokens_proposed"] <= cap * rep["candidate_rounds"]
@@ -181,11 +181,11 @@ def test_tree_forward_matches_separate_branch_forwards(close, past_len):
     main = [11, 42, 99]
     branches = [[5, 6, 7, 8], [70], [30, 31]]
     d = Draft(main, None, DraftState(), branches=[list(b) for b in branches])
-    t = CachedModel(model)
+    t = TransformersBackend(model)
     t.forward(prefix)
-    tree_ids, mask, pos = d.tree_inputs(pending, t.length, room=10, dtype=model.dtype)
-    assert mask.shape == (1, 1, len(tree_ids), len(prefix) + len(tree_ids))
-    tree, _ = t.forward(tree_ids, attention_mask=mask, position_ids=pos)
+    tree_ids, shape = d.tree_inputs(pending, room=10)
+    assert shape.attend.shape == (len(tree_ids), len(tree_ids)) and len(shape.depth) == len(tree_ids)
+    tree, _ = t.forward(tree_ids, tree=shape)
 
     def plain(seq):
         with torch.inference_mode():
@@ -205,26 +205,28 @@ def test_tree_forward_matches_separate_branch_forwards(close, past_len):
     torch.testing.assert_close(nxt[-1], plain(prefix + pending + main + [5])[-1], rtol=1e-4, atol=1e-4)
 
     # the check has teeth: default (causal-chain) position ids, or a plain causal mask, give other logits
-    t2 = CachedModel(model)
+    chain = Tree.chain(len(tree_ids))
+    t2 = TransformersBackend(model)
     t2.forward(prefix)
-    bad, _ = t2.forward(tree_ids, attention_mask=mask)
+    bad, _ = t2.forward(tree_ids, tree=Tree(shape.attend, chain.depth))
     assert not torch.allclose(bad[k:], tree[k:], atol=1e-3)
-    t3 = CachedModel(model)
+    t3 = TransformersBackend(model)
     t3.forward(prefix)
-    bad, _ = t3.forward(tree_ids, position_ids=pos)
+    bad, _ = t3.forward(tree_ids, tree=Tree(chain.attend, shape.depth))
     assert not torch.allclose(bad[k + len(branches[0]) :], tree[k + len(branches[0]) :], atol=1e-3)
 
 
 def test_tree_inputs_trim_and_plain_path():
     d = Draft([1, 2], None, DraftState(), branches=[[3, 4, 5], [6]])
-    ids, mask, pos = d.tree_inputs([9], past=4, room=2, dtype=torch.float32)
+    ids, tree = d.tree_inputs([9], room=2)
     assert ids == [9, 1, 2, 3, 4, 6] and d.branches == [[3, 4], [6]]
-    assert pos.tolist() == [[4, 5, 6, 7, 8, 7]]
-    allowed = (mask[0, 0] == 0).int().tolist()
-    assert allowed[4] == [1, 1, 1, 1, 1, 1, 1, 1, 1, 0]  # b_2 of branch 0: cache, main, b_1, itself
-    assert allowed[5] == [1, 1, 1, 1, 1, 1, 1, 0, 0, 1]  # branch 1: cache, main, itself
+    assert tree.depth == (0, 1, 2, 3, 4, 3)
+    allowed = tree.attend.int().tolist()
+    assert allowed[4] == [1, 1, 1, 1, 1, 0]  # b_2 of branch 0: main, b_1, itself
+    assert allowed[5] == [1, 1, 1, 0, 0, 1]  # branch 1: main, itself
+    assert allowed[2] == [1, 1, 1, 0, 0, 0]  # the main chain is causal
     d = Draft([1, 2], None, DraftState(), branches=[[3]])
-    assert d.tree_inputs([9], 4, room=0, dtype=torch.float32) == ([9, 1, 2], None, None)
+    assert d.tree_inputs([9], room=0) == ([9, 1, 2], None)
 
 
 # ---------------------------------------------------------------------------------------------- pool
@@ -312,7 +314,7 @@ def test_phrase_tokens_get_their_features(pairs):
     d.pool.add(tuple(ids[-2:]), tuple(ar[:5]), "prompt")
     pa, pb = Recording(6), Recording(6)
     a = dec.generate(ids, "ouroboros", max_new_tokens=30, policy=pa, drafter=d)
-    token_drafter = TokenDrafter(dec.draft_info.model, dec.vocab)
+    token_drafter = TokenDrafter(dec.draft_backend(), dec.vocab)
     b = dec.generate(ids, "sd", max_new_tokens=30, policy=pb, drafter=token_drafter)
     assert a.token_ids == b.token_ids == ar
     sa, sb = pa.states[0][0], pb.states[0][0]
@@ -333,7 +335,7 @@ def test_pacer_ouroboros_method_with_a_length_policy(pairs):
     ar = dec.generate(ids, "ar", max_new_tokens=30).token_ids
     pol = ConfidencePolicy(0.3, min_draft=0, max_draft=12)
     pol.hidden_layers = (-1,)
-    res = dec.generate(ids, "pacer+ouroboros", max_new_tokens=30, policy=pol, drafter_opts={"candidates": 2})
+    res = dec.generate(ids, "pacer+ouroboros", max_new_tokens=30, policy=pol, options={"candidates": 2})
     assert res.token_ids == ar and "drafter" in res.extra
 
 
@@ -345,11 +347,11 @@ def test_sampling_falls_back_to_token_drafting(pairs, kind):
         s = SamplingConfig(temperature=0.8, top_k=50, top_p=0.95, seed=seed)
         sd = dec.generate(PROMPTS[0], "sd", max_new_tokens=30, gamma=4, sampling=s)
         a = dec.generate(PROMPTS[0], "ouroboros", max_new_tokens=30, gamma=4, sampling=s,
-                         drafter_opts={"candidates": 3})
+                         options={"candidates": 3})
         b = dec.generate(PROMPTS[0], "ouroboros", max_new_tokens=30, gamma=4, sampling=s,
-                         drafter_opts={"candidates": 3})
+                         options={"candidates": 3})
         assert a.token_ids == b.token_ids == sd.token_ids
-        assert a.stats.accept_lengths == sd.stats.accept_lengths
+        assert a.stats.accepted_counts == sd.stats.accepted_counts
         assert a.extra["drafter"]["candidate_rounds"] == 0 and a.extra["drafter"]["phrase_forwards"] == 0
 
 

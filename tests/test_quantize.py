@@ -62,6 +62,7 @@ def test_int8_draft_sampling_keeps_the_target_distribution(int8_draft):
     top = torch.argsort(p, descending=True)[:8]
     obs = [*(float(counts[i]) for i in top), N - float(counts[top].sum())]
     exp = [*(float(p[i]) * N for i in top), N * (1 - float(p[top].sum()))]
+    exp = [e * sum(obs) / sum(exp) for e in exp]  # float32 p: scipy refuses sums that differ by 1 ulp
     assert chisquare(obs, exp).pvalue > 0.001
 
 

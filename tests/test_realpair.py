@@ -86,7 +86,7 @@ def test_bfloat16_sd_differs_only_at_near_ties(capsys):
     try:
         differ = []
         for ids, ar, sd in rows:
-            dv = first_divergence(dec.target.model, ids, ar.token_ids, sd.token_ids)
+            dv = first_divergence(dec.target, ids, ar.token_ids, sd.token_ids)
             if dv is not None:
                 differ.append(dv)
         with capsys.disabled():

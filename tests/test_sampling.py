@@ -260,9 +260,9 @@ def test_generate_sampling_matches_target_joint(draft, cfg):
 
 def test_generate_sampling_negative_control(monkeypatch):
     """The same end-to-end check rejects SD whose corrections come from p instead of the residual."""
-    import pacer.decoding
+    import pacer.decoding.loop
 
-    monkeypatch.setattr(pacer.decoding, "verify_sampling", verify_residual_from_p)
+    monkeypatch.setattr(pacer.decoding.loop, "verify_sampling", verify_residual_from_p)
     dec = _decoder("negated")
     cfg = SamplingConfig(temperature=1.0)
     exact = exact_joint(dec.target.model, PROMPT, cfg)

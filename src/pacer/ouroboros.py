@@ -44,17 +44,15 @@ rollback a plain crop.
 from __future__ import annotations
 
 import json
-import time
 import weakref
 from collections import Counter, OrderedDict
 from pathlib import Path
 
 import torch
 
-from .decoding import Draft, TokenDrafter, token_features
+from .decoding import Draft, ModelBackend, Proposal, TokenDrafter
 from .errors import PacerError
-from .models import atomic_write_text
-from .policies import DraftState
+from .io import atomic_write_text
 
 SOURCES = ("prompt", "output", "verify", "lookahead")
 Key = tuple[int, ...]
@@ -171,11 +169,11 @@ class PhrasePool:
         return len(entries)
 
 
-#: pools shared by drafters on the same draft model (warm start): model -> settings -> pool
+#: pools shared by drafters on the same draft model (warm start): the backend's identity -> settings -> pool
 _SHARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def shared_pool(model: torch.nn.Module, ngram: int, capacity: int, key_len: int, tag: str = "") -> PhrasePool:
+def shared_pool(model: object, ngram: int, capacity: int, key_len: int, tag: str = "") -> PhrasePool:
     per_model = _SHARED.setdefault(model, {})
     key = (ngram, capacity, key_len, tag)
     if key not in per_model:
@@ -189,7 +187,8 @@ def clear_shared_pools() -> None:
 
 
 class PhraseDrafter(TokenDrafter):
-    """Ouroboros drafter (see the module docstring). Options (``drafter_opts`` / CLI):
+    """Ouroboros drafter (see the module docstring). Options (registered in :mod:`pacer.methods.ouroboros`:
+    ``Decoder.generate(options=...)`` keys, ``pacer bench`` keys, CLI flags):
 
     ``ngram`` phrase (continuation) length, ``pool_size`` pool capacity in entries, ``candidates`` candidate
     branches per round (0: none), ``candidate_len`` longest branch (default ``ngram``), ``key_len`` longest
@@ -201,19 +200,19 @@ class PhraseDrafter(TokenDrafter):
     the same for 1..8-10 tokens on this CPU and clearly more beyond, so branches only fill that flat part.
     """
 
-    def __init__(self, draft_model: torch.nn.Module, vocab: int, ngram: int | None = None,
+    def __init__(self, model: ModelBackend, vocab: int, ngram: int | None = None,
                  pool_size: int | None = None, candidates: int | None = None,
                  candidate_len: int | None = None, key_len: int = 2,
                  sources: str | tuple[str, ...] | list[str] = SOURCES, warm_start: bool = True,
                  pool_file: str | Path | None = None, phrases: bool = True, pool_tag: str = "",
-                 tree_size: int | None = 10, draft_vocab: torch.Tensor | None = None) -> None:
-        super().__init__(draft_model, vocab, draft_vocab)
+                 tree_size: int | None = 10) -> None:
+        super().__init__(model, vocab)
         ngram = 6 if ngram is None else int(ngram)
         pool_size = 20000 if pool_size is None else int(pool_size)
         self.candidates = 2 if candidates is None else int(candidates)
         self.candidate_len = int(candidate_len) if candidate_len is not None else ngram
         if self.candidates < 0 or self.candidate_len < 1:
-            raise PacerError(f"--candidates must be >= 0 (got {self.candidates}) and candidate_len >= 1")
+            raise PacerError(f"candidates must be >= 0 (got {self.candidates}) and candidate_len >= 1")
         self.tree_size = int(tree_size) if tree_size else None
         if isinstance(sources, str):
             sources = tuple(s.strip() for s in sources.replace("+", ",").split(",") if s.strip())
@@ -224,7 +223,7 @@ class PhraseDrafter(TokenDrafter):
         self.phrases = bool(phrases)
         if warm_start:
             tag = f"{pool_tag}|{','.join(sorted(self.sources))}"
-            self.pool = shared_pool(draft_model, ngram, pool_size, key_len, tag)
+            self.pool = shared_pool(model.identity, ngram, pool_size, key_len, tag)
         else:
             self.pool = PhrasePool(ngram, pool_size, key_len)
         self.pool_file = Path(pool_file) if pool_file else None
@@ -263,12 +262,12 @@ class PhraseDrafter(TokenDrafter):
         self._last = None
         self._seen = 0
 
-    def propose(self, tokens, policy, budget, sampling, gen, produced) -> Draft:
+    def propose(self, tokens, policy, budget, sampling, gen) -> Draft:
         self._sync(tokens)
         if not sampling.greedy or not self.phrases:
-            draft = super().propose(tokens, policy, budget, sampling, gen, produced)
+            draft = super().propose(tokens, policy, budget, sampling, gen)
         else:
-            draft = self._propose_phrases(tokens, policy, budget, sampling, produced)
+            draft = self._propose_phrases(tokens, policy, budget)
         self.counts["rounds"] += 1
         self.counts["draft_tokens"] += len(draft.tokens)
         self.counts["draft_forwards"] += draft.forwards
@@ -277,32 +276,19 @@ class PhraseDrafter(TokenDrafter):
         self._last = draft
         return draft
 
-    def _propose_phrases(self, tokens, policy, budget, sampling, produced) -> Draft:
-        state = DraftState(produced=produced)
-        layers = policy.hidden_layers
-        policy_time, forwards = 0.0, 0
+    def _propose_phrases(self, tokens, policy, budget) -> Draft:
+        p = Proposal(policy, budget)
         self._leftover = []
-
-        def go_on(free: bool = False) -> bool:
-            nonlocal policy_time
-            state.next_is_free = free
-            if state.n < policy.min_draft:
-                return True
-            t = time.perf_counter()
-            ok = policy.should_continue(state)
-            policy_time += time.perf_counter() - t
-            return ok
-
-        while state.n < budget and go_on():
-            ctx = tokens + state.tokens
+        while p.ask():
+            ctx = tokens + p.state.tokens
             pending = ctx[self.model.length :]
-            room = budget - state.n  # tokens this forward may still add (its phrase tokens + the draft's own)
+            room = budget - p.n  # tokens this forward may still add (its phrase tokens + the draft's own)
             found = self.pool.lookup(ctx, 1) if room > 1 else []
             key, phrase = found[0] if found else ((), ())
             phrase = list(phrase[: room - 1])
             start = self.model.length + len(pending)  # cache length once pending is in
-            logits, hidden = self.model.forward(pending + phrase, hidden=layers is not None, keep=len(phrase) + 1)
-            forwards += 1
+            logits, hidden = self.model.forward(pending + phrase, hidden=p.layers is not None, keep=len(phrase) + 1)
+            p.forwards += 1
             rows = logits  # row j predicts the token after phrase[:j]
             q = torch.softmax(self.align(rows), -1)
             guess = q.argmax(-1).tolist()
@@ -312,13 +298,9 @@ class PhraseDrafter(TokenDrafter):
             new = phrase[:k] + [guess[k]]  # the draft's own greedy tokens
             kept = 0
             for j, x in enumerate(new):
-                if j and (state.n >= budget or not go_on(free=True)):
+                if j and not p.ask(free=True):
                     break
-                token_features(q[j], x, state)
-                state.phrase.append(j < k)
-                if layers is not None:
-                    r = len(pending) - 1 + j
-                    state.hidden.append(torch.cat([hidden[i][r] for i in layers]).float())
+                p.add(q[j], x, hidden, len(pending) - 1 + j, phrase=j < k)
                 kept += 1
             self.model.crop(start + min(kept, k))  # keep only kept phrase tokens in the cache
             if phrase:
@@ -333,7 +315,7 @@ class PhraseDrafter(TokenDrafter):
             if kept < len(new):
                 self._leftover = new[kept:]  # agreed by the draft but cut by the policy / budget
                 break
-        return Draft(state.tokens, None, state, policy_time, forwards)
+        return p.draft()
 
     def _add_candidates(self, tokens: list[int], draft: Draft) -> None:
         ctx = tokens + draft.tokens
@@ -375,10 +357,12 @@ class PhraseDrafter(TokenDrafter):
                 item = self._branch_keys[draft.branch] if 0 <= draft.branch < len(self._branch_keys) else None
                 self.candidate_hits["leftover" if item is None else self.pool.touch(*item)] += 1
 
-    def report(self) -> dict:
-        c = self.counts
+    def finish(self) -> None:
         if self.pool_file is not None:
             self.pool.save(self.pool_file, self.vocab)
+
+    def report(self) -> dict:
+        c = self.counts
         return {
             "rounds": c["rounds"],
             "draft_tokens": c["draft_tokens"],

@@ -21,12 +21,11 @@ class DraftState:
 
     ``prob`` is ``q(d_i)``, the draft's probability of its own token; ``top_prob`` is ``max q``; ``entropy`` is the
     entropy of ``q`` in nats; ``hidden`` holds, per token, the draft's hidden state(s) at the position that predicted
-    it (the layers the policy asked for, concatenated), only when ``policy.hidden_layers`` is set. ``produced`` is
-    the number of tokens generated before this round; ``phrase`` marks tokens that came from a phrase (Ouroboros);
-    ``next_is_free`` says that the token asked about next needs no draft forward of its own.
+    it (the layers the policy asked for, concatenated), only when ``policy.hidden_layers`` is set; ``phrase`` marks
+    tokens that came from a phrase (Ouroboros); ``next_is_free`` says that the token asked about next needs no draft
+    forward of its own.
     """
 
-    produced: int = 0
     tokens: list[int] = field(default_factory=list)
     prob: list[float] = field(default_factory=list)
     top_prob: list[float] = field(default_factory=list)
@@ -46,7 +45,9 @@ class DraftState:
 class RoundResult:
     """Verification outcome: ``accepted`` of ``drafted`` tokens, soft acceptance ``min(1, p/q)`` per token (when the
     policy ``needs_soft``), and the round's measured times: ``draft_seconds`` in draft forwards,
-    ``verify_seconds`` in the target forward that scored ``scored`` tokens, ``draft_forwards`` draft forwards."""
+    ``verify_seconds`` in the target forward that scored ``scored`` tokens, ``draft_forwards`` draft forwards;
+    ``committed``: tokens this round appended to the output (``n + 1`` plus any Ouroboros extension, fewer where the
+    output ended inside the round)."""
 
     drafted: int
     accepted: int
@@ -55,6 +56,7 @@ class RoundResult:
     verify_seconds: float = 0.0
     scored: int = 0
     draft_forwards: int = 0
+    committed: int = 0
 
 
 class DraftPolicy:
@@ -63,7 +65,10 @@ class DraftPolicy:
 
     What a policy needs from the loop is declared here, never probed: ``hidden_layers`` (draft hidden states),
     ``needs_soft`` (soft acceptance ``min(1, p/q)`` in every :class:`RoundResult`), ``check_seconds`` (what one
-    :meth:`should_continue` costs, for the cost model)."""
+    :meth:`should_continue` costs, for the cost model), ``needs_reference`` (before generating, the drafter's
+    agreement with the target's own greedy continuation through :meth:`set_reference`: the oracle), ``greedy_only``
+    (defined for greedy decoding only). Hooks the caller uses: :meth:`prepare` (before a generation, with the
+    decoding mode) and :meth:`report` (after it)."""
 
     name = "policy"
     #: draft layers whose hidden states the policy reads (``None``: no hidden states are gathered)
@@ -72,6 +77,10 @@ class DraftPolicy:
     needs_soft: bool = False
     #: seconds of one ``should_continue`` (``c_p``)
     check_seconds: float = 0.0
+    #: the caller must pass the drafter's agreement with the target's greedy continuation (:meth:`set_reference`)
+    needs_reference: bool = False
+    #: defined for greedy decoding only
+    greedy_only: bool = False
 
     def __init__(self, min_draft: int = 1, max_draft: int = 16) -> None:
         if min_draft < 0 or max_draft <= 0 or min_draft > max_draft:
@@ -87,6 +96,20 @@ class DraftPolicy:
 
     def should_continue(self, state: DraftState) -> bool:
         raise NotImplementedError
+
+    def prepare(self, greedy: bool) -> None:
+        """Called before a generation with its decoding mode (``greedy``: temperature 0)."""
+        if self.greedy_only and not greedy:
+            raise PacerError(f"the {self.name} policy is defined for greedy decoding only (temperature 0)")
+
+    def set_reference(self, agree: list[bool]) -> None:
+        """For a policy that ``needs_reference``: ``agree[j]`` - the drafter's greedy token at generated position ``j``
+        equals the target's."""
+        raise PacerError(f"the {self.name} policy takes no reference")
+
+    def report(self) -> dict[str, dict]:
+        """What the policy saw in the generation, for ``GenerationResult.extra`` (key: what it is about)."""
+        return {}
 
     def update(self, state: DraftState, result: RoundResult) -> None:
         """Called after every verification with the round's draft state and outcome."""
@@ -117,7 +140,7 @@ class FixedPolicy(DraftPolicy):
 
     def __init__(self, gamma: int = 4, min_draft: int | None = None, max_draft: int | None = None) -> None:
         if gamma <= 0:
-            raise PacerError(f"--gamma must be >= 1, got {gamma}")
+            raise PacerError(f"gamma must be >= 1, got {gamma}")
         super().__init__(min_draft if min_draft is not None else 1, max_draft if max_draft is not None else gamma)
         self.gamma = gamma
 
@@ -195,19 +218,31 @@ class EntropyPolicy(DraftPolicy):
 
 class OraclePolicy(DraftPolicy):
     """Measurement only: knows, for every generated position, whether the draft's greedy token there equals the
-    target's greedy token (``agree``), and drafts exactly up to the first mismatch - the best any length policy
-    can do on a pair. Build it with :func:`pacer.decoding.oracle_agreement`. Greedy decoding only."""
+    target's greedy token (``agree``, from :meth:`pacer.decoding.Drafter.agreement`), and drafts exactly up to the
+    first mismatch - the best any length policy can do on a pair. Greedy decoding only."""
 
     name = "oracle"
+    needs_reference = True
+    greedy_only = True
 
     def __init__(self, agree: list[bool] | None = None, min_draft: int = 0, max_draft: int = 32) -> None:
         super().__init__(min_draft, max_draft)
         self.agree = agree
+        self.produced = 0  # tokens generated before this round
+
+    def set_reference(self, agree: list[bool]) -> None:
+        self.agree = list(agree)
+
+    def reset(self) -> None:
+        self.produced = 0
+
+    def update(self, state: DraftState, result: RoundResult) -> None:
+        self.produced += result.committed
 
     def should_continue(self, state: DraftState) -> bool:
         if self.agree is None:
             raise PacerError("the oracle policy needs the target's continuation; use Decoder.generate(method='oracle')")
-        j = state.produced + state.n  # index (among generated tokens) of the token that would be drafted next
+        j = self.produced + state.n  # index (among generated tokens) of the token that would be drafted next
         return j < len(self.agree) and self.agree[j]
 
     def survival(self, state: DraftState) -> float:
@@ -215,16 +250,3 @@ class OraclePolicy(DraftPolicy):
 
     def survival_next(self, state: DraftState) -> float:
         return 1.0 if self.should_continue(state) else 0.0
-
-
-POLICIES: dict[str, type[DraftPolicy]] = {
-    "sd": FixedPolicy,
-    "heuristic": HeuristicPolicy,
-    "confidence": ConfidencePolicy,
-    "entropy": EntropyPolicy,
-    "oracle": OraclePolicy,
-}
-
-
-def register(name: str, cls: type[DraftPolicy]) -> None:
-    POLICIES[name] = cls

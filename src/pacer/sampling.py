@@ -37,11 +37,11 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise PacerError(f"--temperature must be a finite number >= 0, got {self.temperature}")
+            raise PacerError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_k < 0:
-            raise PacerError(f"--top-k must be >= 0, got {self.top_k}")
+            raise PacerError(f"top_k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:  # NaN fails this too
-            raise PacerError(f"--top-p must be in (0, 1], got {self.top_p}")
+            raise PacerError(f"top_p must be in (0, 1], got {self.top_p}")
 
     @property
     def greedy(self) -> bool:

@@ -2,7 +2,8 @@
 
 * **round** - one draft-then-verify cycle; it costs exactly one target forward (a *target call*).
 * **draft length** ``γ_t`` - draft tokens proposed in round ``t`` (``draft_lengths``).
-* **accept length** ``n_t`` - draft tokens the target accepted in round ``t`` (``accept_lengths``).
+* **accepted count** ``n_t`` - draft tokens the target accepted in round ``t`` (``accepted_counts``). Spec-Bench's
+  ``accept_lengths`` (benchmark records) are ``n_t + 1``: tokens a target call produced, its own token included.
 * **acceptance rate** ``α = Σ n_t / Σ γ_t`` - accepted over proposed draft tokens.
 * **mean accepted tokens** ``τ = Σ (n_t + 1) / rounds`` - tokens produced per target call, counting the target's
   bonus/correction token; plain decoding has ``τ = 1``. Counted before truncation at EOS / stop / max tokens.
@@ -28,7 +29,7 @@ class GenerationStats:
     target_calls: int = 0
     draft_forwards: int = 0
     draft_lengths: list[int] = field(default_factory=list)
-    accept_lengths: list[int] = field(default_factory=list)
+    accepted_counts: list[int] = field(default_factory=list)
     wall_time: float = 0.0
     time_draft: float = 0.0
     time_verify: float = 0.0
@@ -38,7 +39,7 @@ class GenerationStats:
     def record_round(self, drafted: int, accepted: int) -> None:
         self.target_calls += 1
         self.draft_lengths.append(drafted)
-        self.accept_lengths.append(accepted)
+        self.accepted_counts.append(accepted)
 
     @property
     def draft_tokens(self) -> int:
@@ -46,11 +47,11 @@ class GenerationStats:
 
     @property
     def accepted_tokens(self) -> int:
-        return sum(self.accept_lengths)
+        return sum(self.accepted_counts)
 
     @property
     def rounds(self) -> int:
-        return len(self.accept_lengths)
+        return len(self.accepted_counts)
 
     @property
     def tau(self) -> float:
@@ -78,12 +79,12 @@ class GenerationStats:
         out = []
         for i in range(1, top + 1):
             proposed = sum(1 for g in self.draft_lengths if g >= i)
-            accepted = sum(1 for n in self.accept_lengths if n >= i)
+            accepted = sum(1 for n in self.accepted_counts if n >= i)
             out.append(accepted / proposed if proposed else 0.0)
         return out
 
-    def accept_length_histogram(self) -> dict[int, int]:
-        return dict(sorted(Counter(self.accept_lengths).items()))
+    def accepted_count_histogram(self) -> dict[int, int]:
+        return dict(sorted(Counter(self.accepted_counts).items()))
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -96,7 +97,7 @@ class GenerationStats:
             mean_draft_length=round(self.mean_draft_length, 3),
             tokens_per_s=round(self.tokens_per_s, 3),
             per_position_acceptance=[round(x, 4) for x in self.per_position_acceptance()],
-            accept_length_histogram=self.accept_length_histogram(),
+            accepted_count_histogram=self.accepted_count_histogram(),
         )
         return d
 

@@ -32,7 +32,7 @@ class HFResult:
     token_ids: list[int]
     wall_time: float
     draft_lengths: list[int] = field(default_factory=list)
-    accept_lengths: list[int] = field(default_factory=list)  # accepted draft tokens per round (no bonus)
+    accepted_counts: list[int] = field(default_factory=list)  # accepted draft tokens per round (no bonus)
     target_calls: int = 0
     draft_forwards: int = 0
     finish_reason: str = ""

@@ -1,44 +1,35 @@
-"""Benchmark method specs (``name:key=val:key=val``) and running one turn of one method.
+"""Benchmark method specs (``name:key=val:key=val``) read from the method registry (:mod:`pacer.methods`).
 
-Every name in :data:`pacer.api.METHODS` goes through :meth:`pacer.api.Decoder.generate` generically;
-``hf-assisted`` is transformers' own assisted generation on the same two loaded models (see
-:mod:`pacer.bench.hf`).
+Every registered method goes through :meth:`pacer.api.Decoder.generate` generically; ``hf-assisted`` is
+transformers' own assisted generation on the same two loaded models (see :mod:`pacer.bench.hf`), a peer that
+only the benchmark runs.
 
-Option keys: ``gamma``, ``min_draft`` (alias ``min``), ``max_draft`` (alias ``max``), ``cost_aware``
-(``true``/``false``; default: on unless ``gamma`` or ``threshold`` is given) go to ``generate`` itself;
-``ngram``, ``pool_size``, ``candidates`` to the drafter (Ouroboros), ``draft_vocab`` to the drafter of
-any drafting method (a reduced draft vocabulary, :mod:`pacer.draftvocab`); any other key to the policy
-(``threshold``, ``path``, ``initial``, ...). A value ``A..B`` expands into one method per integer in
-``A..B`` (``sd:gamma=2..8`` is seven methods). ``hf-assisted`` takes ``schedule``, ``tokens`` and
-``threshold``.
+Option keys: the ones every drafting method takes - ``gamma``, ``min_draft`` (alias ``min``), ``max_draft``
+(alias ``max``), ``cost_aware`` (``true``/``false``; default: on unless ``gamma`` or a threshold is given),
+``draft_vocab`` (a reduced draft vocabulary, :mod:`pacer.draftvocab`) - and the method's own registered options
+(``threshold``, ``path``, ``block``, ``initial``, Ouroboros's ``ngram``, ``candidates``, ``sources``, ...). A value
+``A..B`` expands into one method per integer in ``A..B`` (``sd:gamma=2..8`` is seven methods). ``hf-assisted``
+takes ``schedule``, ``tokens`` and ``threshold``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .. import methods
 from ..errors import PacerError
 
 HF_ASSISTED = "hf-assisted"
 HF_KEYS = {"schedule": "num_assistant_tokens_schedule", "tokens": "num_assistant_tokens",
            "threshold": "assistant_confidence_threshold"}
 HF_SCHEDULES = ("constant", "heuristic", "heuristic_transient")
-DRAFTER_KEYS = ("ngram", "pool_size", "candidates", "draft_vocab")
-#: drafter keys every drafting method takes (the others are for ``PHRASE_METHODS`` only)
-ANY_DRAFTER_KEYS = ("draft_vocab",)
-#: methods that draft phrase by phrase and take ``DRAFTER_KEYS``
-PHRASE_METHODS = ("ouroboros", "pacer+ouroboros")
-ALIASES = {"min": "min_draft", "max": "max_draft", "pool-size": "pool_size"}
-#: options that go to ``Decoder.generate`` itself
-GENERATE_KEYS = ("gamma", "min_draft", "max_draft", "cost_aware")
-#: methods whose policy takes only gamma and the bounds (make_policy would silently ignore other options)
-NO_POLICY_OPTS = ("sd", "ouroboros")
+ALIASES = {"min": "min_draft", "max": "max_draft"}
+#: options that go to ``Decoder.generate`` itself (the rest go in its ``options``)
+GENERATE_KEYS = tuple(o.name for o in methods.COMMON)
 
 
 def all_methods() -> tuple[str, ...]:
-    from ..api import METHODS
-
-    return (*METHODS, HF_ASSISTED)
+    return (*methods.names(), HF_ASSISTED)
 
 
 def parse_value(text: str) -> int | float | bool | str:
@@ -55,7 +46,7 @@ def parse_value(text: str) -> int | float | bool | str:
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """One benchmarked method: ``name`` (in :data:`pacer.api.METHODS`, or ``hf-assisted``) with options."""
+    """One benchmarked method: ``name`` (a registered method, or ``hf-assisted``) with options."""
 
     name: str
     options: tuple[tuple[str, object], ...] = ()
@@ -69,27 +60,21 @@ class MethodSpec:
     def is_ar(self) -> bool:
         return self.name == "ar"
 
-    @property
-    def is_oracle(self) -> bool:
-        return self.name == "oracle"
-
     def generate_kwargs(self) -> dict:
         """Keyword arguments for :meth:`Decoder.generate` (not for ``hf-assisted``)."""
-        kw: dict = {}
-        policy: dict = {}
-        drafter: dict = {}
-        for k, v in self.options:
-            if k in GENERATE_KEYS:
-                kw[k] = v
-            elif k in DRAFTER_KEYS:
-                drafter[k] = v
-            else:
-                policy[k] = v
-        if policy:
-            kw["policy_opts"] = policy
-        if drafter:
-            kw["drafter_opts"] = drafter
+        kw: dict = {k: v for k, v in self.options if k in GENERATE_KEYS}
+        options = {k: v for k, v in self.options if k not in GENERATE_KEYS}
+        if options:
+            kw["options"] = options
         return kw
+
+
+def _option(name: str, key: str) -> methods.Option | None:
+    """The registered option ``key`` of method ``name`` (common ones included; ``None``: it takes none)."""
+    if key in GENERATE_KEYS:
+        return next(o for o in methods.COMMON if o.name == key)
+    m = methods.get(name)
+    return methods.DRAFT_VOCAB if key == methods.DRAFT_VOCAB.name and m.drafts else m.option(key)
 
 
 def _check(name: str, opts: list[tuple[str, object]], raw: str) -> None:
@@ -99,8 +84,6 @@ def _check(name: str, opts: list[tuple[str, object]], raw: str) -> None:
     keys = [k for k, _ in opts]
     if len(set(keys)) != len(keys):
         raise PacerError(f"method '{raw}' repeats an option")
-    if name == "ar" and opts:
-        raise PacerError(f"method '{raw}': ar takes no options")
     if name == HF_ASSISTED:
         for k, v in opts:
             if k not in HF_KEYS:
@@ -108,18 +91,14 @@ def _check(name: str, opts: list[tuple[str, object]], raw: str) -> None:
             if k == "schedule" and v not in HF_SCHEDULES:
                 raise PacerError(f"method '{raw}': schedule must be one of {', '.join(HF_SCHEDULES)}")
         return
+    m = methods.get(name)
     for k, v in opts:
-        integer = isinstance(v, int) and not isinstance(v, bool) and v >= 0
-        if k in ("gamma", "min_draft", "max_draft", *DRAFTER_KEYS) and not integer:
-            raise PacerError(f"method '{raw}': {k} must be a non-negative integer, got {v!r}")
-        if k == "gamma" and v == 0:
-            raise PacerError(f"method '{raw}': gamma must be >= 1")
-        if k == "cost_aware" and not isinstance(v, bool):
-            raise PacerError(f"method '{raw}': cost_aware must be true or false, got {v!r}")
-        if k in DRAFTER_KEYS and k not in ANY_DRAFTER_KEYS and name not in PHRASE_METHODS:
-            raise PacerError(f"method '{raw}': {k} is an option of {', '.join(PHRASE_METHODS)} only")
-        if name in NO_POLICY_OPTS and k not in (*GENERATE_KEYS, *DRAFTER_KEYS):
-            raise PacerError(f"method '{raw}': {name} takes gamma, min, max only, not '{k}'")
+        o = _option(name, k) if m.drafts else None
+        if o is None:
+            its = ", ".join([*GENERATE_KEYS, methods.DRAFT_VOCAB.name, *(x.name for x in m.options)]) \
+                if m.drafts else "none"
+            raise PacerError(f"method '{raw}': {name} takes no option '{k}' (its options: {its})")
+        o.check(v, raw)
 
 
 def parse_methods(text: str) -> list[MethodSpec]:
@@ -134,7 +113,8 @@ def parse_methods(text: str) -> list[MethodSpec]:
             if "=" not in p:
                 raise PacerError(f"method '{raw}': option '{p}' is not key=value")
             k, v = (s.strip() for s in p.split("=", 1))
-            items.append((ALIASES.get(k, k).replace("-", "_"), v))
+            k = k.replace("-", "_")
+            items.append((ALIASES.get(k, k), v))
         variants: list[list[tuple[str, object]]] = [[]]
         for k, v in items:
             if ".." in v and all(s.strip().lstrip("-").isdigit() for s in v.split("..", 1)):
@@ -143,7 +123,8 @@ def parse_methods(text: str) -> list[MethodSpec]:
                     raise PacerError(f"method '{raw}': empty range {v}")
                 values: list[object] = list(range(lo, hi + 1))
             else:
-                values = [parse_value(v)]
+                o = _option(name, k) if name in methods.names() and methods.get(name).drafts else None
+                values = [o.parse(v) if o is not None and o.type is str else parse_value(v)]
             variants = [[*base, (k, x)] for base in variants for x in values]
         for opts in variants:
             _check(name, opts, raw)

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from ..errors import PacerError
-from ..models import atomic_write_text
+from ..io import atomic_write_text
 
 
 def record_key(rec: dict) -> tuple[str, str, str, int]:

@@ -6,7 +6,7 @@ import io
 import json
 from pathlib import Path
 
-from ..models import atomic_write_bytes, atomic_write_text
+from ..io import atomic_write_bytes, atomic_write_text
 from .metrics import OVERALL, draft_length_histograms, summarize
 
 TIE_STEPS = 2  # = pacer.decoding.Divergence.TIE_STEPS (kept here so a report needs no torch import)

@@ -39,14 +39,14 @@ def run_turn(dec, spec: MethodSpec, ids: list[int], max_new_tokens: int,
     """One generation of ``spec`` from prompt ids ``ids`` (greedy). ``reference`` feeds the oracle."""
     if spec.name == HF_ASSISTED:
         r = hf_assisted_generate(dec, ids, max_new_tokens, spec.opts)
-        return TurnOut(r.token_ids, dec.decode(r.token_ids), r.wall_time, [n + 1 for n in r.accept_lengths],
+        return TurnOut(r.token_ids, dec.decode(r.token_ids), r.wall_time, [n + 1 for n in r.accepted_counts],
                        r.draft_lengths, r.target_calls, r.draft_forwards, r.finish_reason, list(ids))
     kwargs = spec.generate_kwargs()
-    if spec.is_oracle and reference is not None:
+    if reference is not None:  # read by a policy that needs it (the oracle), ignored by the others
         kwargs["reference"] = reference
     res = dec.generate(ids, spec.name, max_new_tokens, **kwargs)
     st = res.stats
-    return TurnOut(list(res.token_ids), res.text, st.wall_time, [n + 1 for n in st.accept_lengths],
+    return TurnOut(list(res.token_ids), res.text, st.wall_time, [n + 1 for n in st.accepted_counts],
                    list(st.draft_lengths), st.target_calls, st.draft_forwards, st.finish_reason, list(ids))
 
 
@@ -88,7 +88,7 @@ def check_lossless(dec, outs: list[TurnOut], ar_ids: list[list[int]]) -> tuple[b
     for t, (o, ref) in enumerate(zip(outs, ar_ids, strict=False)):
         if o.token_ids == ref:
             continue
-        dv = first_divergence(dec.target.model, o.prompt_ids, ref, o.token_ids)
+        dv = first_divergence(dec.target, o.prompt_ids, ref, o.token_ids)
         if dv is None:  # cannot happen (ids differ); keep the record honest anyway
             continue
         gap = None if math.isnan(dv.top2_gap) else round(dv.top2_gap, 5)

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from ..args import add_model_args
 from ..errors import PacerError
 
 
@@ -30,7 +31,7 @@ def read_costs(path: str):
 
 
 def cmd_collect(args) -> int:
-    from ..cli import load_decoder
+    from ..args import load_decoder
     from .collect import collect
     from .features import FeatureSpec
     from .train import measure_costs
@@ -42,7 +43,7 @@ def cmd_collect(args) -> int:
     manifest = collect(dec, Path(args.out), args.n, args.max_new_tokens, spec, args.seed, args.shard_size,
                        args.skip)
     if "costs" not in manifest:
-        from ..models import atomic_write_text
+        from ..io import atomic_write_text
 
         manifest["costs"] = measure_costs(dec).to_dict()
         atomic_write_text(Path(args.out) / "manifest.json", json.dumps(manifest, indent=2) + "\n")
@@ -75,8 +76,8 @@ def cmd_tune(args) -> int:
         raise PacerError("pacer tune --checkpoint needs --costs FILE or --measure-costs FILE")
     costs = read_costs(args.costs) if args.checkpoint and not args.measure_costs else None
     if args.measure_costs:
-        from ..cli import load_decoder
-        from ..models import atomic_write_text
+        from ..args import load_decoder
+        from ..io import atomic_write_text
 
         dec = load_decoder(args)
         costs = measure_costs(dec)
@@ -88,7 +89,7 @@ def cmd_tune(args) -> int:
     return 0
 
 
-def register(sub, add_model_args, add_decoding_args) -> None:
+def register(sub) -> None:
     c = sub.add_parser("collect", help="record draft features + target verdicts on held-out ShareGPT prompts")
     c.add_argument("--out", required=True, help="output folder (resumable)")
     c.add_argument("--n", type=int, default=300, help="number of prompts")

@@ -124,9 +124,8 @@ class PacerPolicy(_LearnedPolicy):
         if n == 0:
             return 1.0
         if self._score[0] != n or n != state.n:
-            sub = state if n == state.n else DraftState(state.produced, state.tokens[:n], state.prob[:n],
-                                                        state.top_prob[:n], state.entropy[:n], state.hidden[:n],
-                                                        state.phrase[:n])
+            sub = state if n == state.n else DraftState(state.tokens[:n], state.prob[:n], state.top_prob[:n],
+                                                        state.entropy[:n], state.hidden[:n], state.phrase[:n])
             h, s = self.inputs(sub)
             _, blk = self.model(h[None], s[None])
             self._score = (n, float(torch.sigmoid(blk[0, -1])))
@@ -216,7 +215,7 @@ def load_policy(decoder, kind: str, bounds: dict, opts: dict) -> DraftPolicy:
     if decoder.draft_info is None:
         raise PacerError(f"method '{kind}' needs a draft model")
     if path is None and not (default_checkpoint(kind) / "config.json").exists():
-        raise PacerError(f"no shipped {kind} checkpoint; pass --preverifier PATH")
+        raise PacerError(f"no shipped {kind} checkpoint; pass a checkpoint folder as the option path")
     pol = make_learned_policy(kind, path, decoder.draft_info.fingerprint, {**bounds}, opts)
     if thr is not None and not 0.0 <= thr <= 1.0:
         raise PacerError(f"threshold must be in [0, 1], got {thr}")

@@ -27,7 +27,7 @@ from torch import nn
 
 from ..costs import Costs
 from ..errors import PacerError
-from ..models import atomic_write_text
+from ..io import atomic_write_text
 from .collect import load_dataset
 from .features import FeatureSpec
 from .layer import PreVerifier, TokenHead, param_count

@@ -1,0 +1,379 @@
+"""The ``pacer bench`` subcommand: arguments, validation, resume, the run and the report (see :mod:`pacer.bench`)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from ..args import add_model_args
+from ..errors import PacerError
+
+DEFAULT_METHODS = ("ar,sd:gamma=4,heuristic,confidence,entropy,oracle,hf-assisted,"
+                   "hf-assisted:schedule=heuristic")
+#: settings that must match when a run is resumed (the rest - methods, questions, repeats - may grow)
+PINNED = ("target", "draft", "target_fingerprint", "draft_fingerprint", "dtype", "threads", "max_new_tokens",
+          "quick", "draft_vocab", "target_weights", "draft_weights")
+
+
+def register(subparsers) -> None:
+    """Add the ``bench`` subcommand (it has its own decoding flags: methods are given as ``--methods`` specs)."""
+    p = subparsers.add_parser(
+        "bench", help="benchmark methods on held-out questions (speedup, tau, losslessness, plots)",
+        description="Benchmark decoding methods on the same loaded pair, interleaved per question. "
+                    "Writes answers.jsonl, summary.json, report.md and plots into --out.")
+    add_arguments(p)
+    p.set_defaults(func=cmd_bench)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--methods", default=None,
+                   help="comma-separated name:key=val:... items, e.g. 'ar,sd:gamma=2..8,heuristic,"
+                        "confidence:threshold=0.4,oracle,pacer,hf-assisted,hf-assisted:schedule=heuristic' "
+                        f"(default: {DEFAULT_METHODS})")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--questions", type=Path, default=None,
+                     help="Spec-Bench / MT-bench question JSONL (question_id, category, turns)")
+    src.add_argument("--dataset", default=None,
+                     help="packaged set(s), comma-separated: humaneval, gsm8k, mtbench")
+    p.add_argument("--n", type=int, default=None, help="questions per dataset (default 10; --quick: all 4)")
+    p.add_argument("--select", default="stratified", choices=["stratified", "first", "random"],
+                   help="question selection (stratified: round-robin over categories in file order)")
+    p.add_argument("--select-seed", type=int, default=0, help="seed of --select random")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="per turn (default 128; --quick: 24)")
+    p.add_argument("--repeats", type=int, default=1, help="passes over all questions (spread of the speedup)")
+    p.add_argument("--out", type=Path, required=True, help="output folder")
+    p.add_argument("--resume", action="store_true", help="continue a run in --out, skipping finished records")
+    p.add_argument("--report-only", action="store_true", help="rebuild the report from --out without models")
+    p.add_argument("--recheck-lossless", action="store_true",
+                   help="re-diagnose every output in --out that differs from ar with the current near-tie criterion "
+                        "(loads the run's target, rebuilds its questions from run.json; no timing is redone), "
+                        "then rebuild the report")
+    p.add_argument("--quick", action="store_true", help="CI smoke: tiny random models, built-in questions")
+    p.add_argument("--skip-failing", action="store_true", help="drop methods that fail their warm-up")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    add_model_args(p)
+
+
+def parser() -> argparse.ArgumentParser:
+    """A parser of ``pacer bench`` arguments alone (a recorded command is re-read with it)."""
+    ap = argparse.ArgumentParser(prog="pacer bench")
+    add_arguments(ap)
+    return ap
+
+
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+
+
+def _lock(out: Path):
+    """An exclusive lock on ``out/.lock`` for the run: two runs appending to one folder would corrupt it."""
+    import fcntl
+
+    f = open(out / ".lock", "a+")  # noqa: SIM115 - held open for the whole run, closed by the caller
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise PacerError(f"another pacer bench is running in {out}; wait for it or use another --out") \
+            from None
+    return f
+
+
+def _git(*args: str) -> str | None:
+    try:
+        r = subprocess.run(["git", *args], cwd=Path(__file__).resolve().parent, capture_output=True,
+                           text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def command_line(args: argparse.Namespace, methods: str) -> str:
+    """The run's command with every setting explicit (reproduces it)."""
+    parts = ["pacer", "bench", "--methods", methods]
+    if args.questions:
+        parts += ["--questions", str(args.questions)]
+    if args.dataset:
+        parts += ["--dataset", args.dataset]
+    if args.quick:
+        parts += ["--quick"]
+    if args.n is not None:
+        parts += ["--n", str(args.n)]
+    parts += ["--select", args.select]
+    if args.select == "random":
+        parts += ["--select-seed", str(args.select_seed)]
+    parts += ["--max-new-tokens", str(args.max_new_tokens), "--repeats", str(args.repeats)]
+    if not args.quick:
+        parts += ["--target", args.target, "--draft", args.draft, "--dtype", args.dtype,
+                  "--draft-quant", args.draft_quant, "--quantize", args.quantize]
+    if args.threads:
+        parts += ["--threads", str(args.threads)]
+    parts += ["--draft-vocab", str(args.draft_vocab)]
+    parts += ["--out", str(args.out)]
+    return shlex.join(parts)
+
+
+def _validate(args: argparse.Namespace) -> None:
+    if args.quick:  # tiny models are overhead-bound: one thread is fastest and suffers least from busy cores
+        args.max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else 24
+        args.threads = args.threads or 1
+    else:
+        args.n = args.n if args.n is not None else 10
+        args.max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else 128
+        if not args.questions and not args.dataset and not args.report_only:
+            raise PacerError("pass --dataset NAME[,NAME] or --questions FILE (or --quick)")
+    if args.n is not None and args.n <= 0:
+        raise PacerError(f"--n must be >= 1, got {args.n}")
+    if args.max_new_tokens <= 0:
+        raise PacerError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.repeats <= 0:
+        raise PacerError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.threads is not None and args.threads <= 0:
+        raise PacerError(f"--threads must be >= 1, got {args.threads}")
+
+
+def load_questions(args: argparse.Namespace):
+    from . import data
+
+    if args.questions:
+        return data.select(data.load_question_file(args.questions), args.n, args.select, args.select_seed)
+    if args.dataset:
+        # Datasets are interleaved (1st of each, 2nd of each, ...): an interrupted run still covers every dataset.
+        per_set = [data.select(data.load_dataset(name), args.n, args.select, args.select_seed)
+                   for name in [s.strip() for s in args.dataset.split(",") if s.strip()]]
+        out = [qs[i] for i in range(max(map(len, per_set), default=0)) for qs in per_set if i < len(qs)]
+        if not out:
+            raise PacerError("--dataset is empty")
+        return out
+    return data.select(list(data.QUICK_QUESTIONS), args.n, args.select, args.select_seed)
+
+
+def _read_meta(out: Path) -> dict:
+    try:
+        return json.loads((out / "run.json").read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        raise PacerError(f"{out / 'run.json'} is unreadable ({e})") from None
+
+
+def _report(out: Path, specs_labels: list[str], meta: dict) -> dict:
+    from . import records as rec_io
+    from .report import write_report
+
+    records, _ = rec_io.read_answers(out / "answers.jsonl")
+    labels = list(dict.fromkeys([*specs_labels, *(r["method"] for r in records)]))
+    meta = {**meta, "updated": _dt.datetime.now().isoformat(timespec="seconds")}
+    return write_report(out, records, labels, meta)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .methods import parse_methods
+
+    out: Path = args.out
+    if args.report_only:
+        meta = _read_meta(out)
+        if not (out / "answers.jsonl").exists():
+            raise PacerError(f"--report-only: {out / 'answers.jsonl'} does not exist")
+        summary = _report(out, meta.get("methods", []), meta)
+        print(f"pacer bench: report rebuilt in {out} ({len(summary['divergences'])} lossless violations)")
+        return 0
+    if args.recheck_lossless:
+        return recheck_lossless(out)
+    _validate(args)
+    methods_text = args.methods or DEFAULT_METHODS
+    specs = parse_methods(methods_text)  # errors before anything is loaded or written
+    questions = load_questions(args)
+    if out.exists() and not out.is_dir():
+        raise PacerError(f"--out {out} exists and is not a folder")
+    previous = _read_meta(out)
+    has_answers = (out / "answers.jsonl").exists() and (out / "answers.jsonl").stat().st_size > 0
+    if (previous or has_answers) and not args.resume:
+        raise PacerError(f"--out {out} already holds a benchmark run; pass --resume to continue it, "
+                         f"or choose another folder")
+    out.mkdir(parents=True, exist_ok=True)
+    lock = _lock(out)
+    try:
+        return _run(args, out, specs, questions, previous, methods_text)
+    finally:
+        lock.close()
+
+
+def _load_decoder(args: argparse.Namespace):
+    """The run's pair (tiny random models under ``--quick``) and the names it is recorded under:
+    ``(decoder, target, draft, dtype)``."""
+    from ..api import Decoder
+    from ..args import load_decoder
+
+    if args.quick:
+        from ..tiny import tiny_pair
+
+        dec = Decoder(*tiny_pair("close"), threads=args.threads, draft_vocab=args.draft_vocab)
+        return dec, "tiny-close-target", "tiny-close-draft", "float32"
+    dec = load_decoder(args)
+    return dec, args.target, args.draft, args.dtype
+
+
+def recheck_lossless(out: Path) -> int:
+    """Re-diagnose the recorded differences of the run in ``out`` (its ``answers.jsonl``) with the current
+    :class:`pacer.decoding.Divergence` criterion. The prompts are rebuilt as the run built them (the question,
+    the chat template and, for later turns, the method's own earlier answers); the answers file is rewritten
+    atomically, then the report."""
+    from ..io import atomic_write_text
+    from . import records as rec_io
+    from .runner import check_lossless, recorded_turns
+
+    meta = _read_meta(out)
+    if not meta.get("command") or not (out / "answers.jsonl").exists():
+        raise PacerError(f"--recheck-lossless: {out} holds no finished benchmark run (run.json with its command "
+                         f"and answers.jsonl)")
+    from ..draftvocab import parse
+
+    run_args = parser().parse_args(shlex.split(meta["command"])[2:])
+    run_args.draft_vocab = parse(run_args.draft_vocab)
+    _validate(run_args)
+    questions = {q.key: q for q in load_questions(run_args)}
+    records = rec_io.repair(out / "answers.jsonl")
+    ar = {(r["dataset"], r["question_id"], r.get("repeat", 0)): r for r in records if r["method"] == "ar"}
+    todo = [r for r in records if r.get("lossless") is False]
+    if not todo:
+        print(f"pacer bench: no output in {out} differs from ar; nothing to recheck")
+        return 0
+    dec, *_ = _load_decoder(run_args)
+    changed = 0
+    for r in todo:
+        key = f"{r['dataset']}/{r['question_id']}"
+        if key not in questions:
+            raise PacerError(f"--recheck-lossless: question {key} of {out} is not in the run's question set")
+        ref = ar[(r["dataset"], r["question_id"], r.get("repeat", 0))]["choices"][0]["token_ids"]
+        ok, div = check_lossless(dec, recorded_turns(dec, questions[key], r), ref)
+        changed += div != r.get("divergence")
+        r["lossless"], r["divergence"] = ok, div
+    atomic_write_text(out / "answers.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    meta["lossless_rechecked"] = {"when": _dt.datetime.now().isoformat(timespec="seconds"),
+                                  "git_commit": _git("rev-parse", "HEAD") or "unknown",
+                                  "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+                                  "outputs": len(todo)}
+    atomic_write_text(out / "run.json", json.dumps(meta, indent=2) + "\n")
+    summary = _report(out, meta.get("methods", []), meta)
+    bad = sum(1 for d in summary["divergences"] if not d.get("near_tie"))
+    print(f"pacer bench: rechecked {len(todo)} differing output(s) in {out} ({changed} diagnosis changed); "
+          f"{bad} NOT a near-tie")
+    return 0
+
+
+def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, previous: dict,
+         methods_text: str) -> int:
+    import torch
+    import transformers
+
+    from ..calibration import cpu_identity, describe_cpu, weights_kind
+    from ..io import atomic_write_text
+    from .runner import Bench, warm_up
+
+    # the code this process runs is what was on disk when it started: read the commit before the (long) loading
+    # and warm-up, during which the tree may move on
+    commit = _git("rev-parse", "HEAD")
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    dec, target, draft, dtype = _load_decoder(args)
+    config = {
+        "target": target, "draft": draft, "dtype": dtype, "threads": dec.threads,
+        "target_fingerprint": dec.target_info.fingerprint,
+        "draft_fingerprint": dec.draft_info.fingerprint if dec.draft_info else None,
+        "max_new_tokens": args.max_new_tokens, "quick": bool(args.quick), "draft_vocab": args.draft_vocab,
+        "target_weights": weights_kind(dec.target_info),
+        "draft_weights": weights_kind(dec.draft_info) if dec.draft_info else None,
+    }
+    if args.resume and previous:
+        for k in PINNED:
+            if k not in previous and k != "draft_vocab":
+                continue
+            old = previous.get(k) or 0 if k == "draft_vocab" else previous[k]  # before the flag: full vocabulary
+            if old != config[k]:
+                raise PacerError(f"--resume: {out} was run with {k}={old!r}, this run has "
+                                 f"{config[k]!r}; use the same settings or another --out")
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr)
+
+    load = _load_average()
+    if not args.quick and load is not None and load > 0.5 * (os.cpu_count() or 1) + 0.5:
+        log(f"pacer bench: warning: load average {load:.1f} on {os.cpu_count()} cores before the run; other "
+            f"processes distort wall times (speedups stay paired per question, but absolute tok/s suffer)")
+    log(f"pacer bench: {len(questions)} question(s) x {len(specs)} method(s) x {args.repeats} repeat(s), "
+        f"{args.max_new_tokens} new tokens per turn, {dtype}, {dec.threads} threads; warming up ...")
+    specs = warm_up(dec, specs, questions[0], args.max_new_tokens, args.skip_failing, log)
+    labels = [s.label for s in specs]
+    now = _dt.datetime.now().isoformat(timespec="seconds")
+    load_at_start = None if load is None else round(load, 2)
+    # one entry per start or resume: a run continued in a later session says which commits and machines made it
+    segment = {"started": now, "git_commit": commit or "unknown", "git_dirty": bool(dirty),
+               "load_average_at_start": load_at_start}
+    if previous and not previous.get("segments"):  # a run.json from before segments were recorded
+        previous["segments"] = [{k: previous.get(k) for k in ("started", "git_commit", "git_dirty",
+                                                             "load_average_at_start")}]
+    meta = {
+        **config,
+        "command": command_line(args, methods_text),
+        "argv": sys.argv,
+        "git_commit": commit or "unknown",
+        "git_dirty": bool(dirty),
+        "methods": labels,
+        "datasets": ", ".join(dict.fromkeys(q.dataset for q in questions)),
+        "questions": [q.key for q in questions],
+        "selection": f"{args.select}, n={args.n or 'all'} per dataset"
+                     + (f", seed {args.select_seed}" if args.select == "random" else ""),
+        "repeats": args.repeats,
+        "started": previous.get("started") or now,
+        "segments": [*previous.get("segments", []), segment],
+        "load_average_at_start": load_at_start,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cpu": describe_cpu(),
+        "cpu_identity": cpu_identity(),
+    }
+    if dec.draft_info is not None:
+        meta["calibration"] = dec.calibration(dec.draft_rows(dec.draft_vocab)).to_dict()
+    atomic_write_text(out / "run.json", json.dumps(meta, indent=2) + "\n")
+    bench = Bench(dec, specs, questions, out, args.max_new_tokens, args.repeats, args.progress)
+    total, finished = bench.units()
+    if finished:
+        log(f"pacer bench: resuming, {finished}/{total} runs already in {out / 'answers.jsonl'}")
+    try:
+        bench.run()
+    except BaseException:
+        try:  # leave a report of what finished, then let the interruption / error through
+            if bench.records:
+                _report(out, labels, meta)
+                log(f"pacer bench: partial report written to {out / 'report.md'}; continue with --resume")
+        except Exception as e:  # noqa: BLE001
+            log(f"pacer bench: could not write the partial report: {e}")
+        raise
+    summary = _report(out, labels, meta)
+    _print_summary(summary, out)
+    return 0
+
+
+def _print_summary(summary: dict, out: Path) -> None:
+    overall = summary["groups"].get("overall", {})
+    def f(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
+    print(f"{'method':<34} {'speedup':>8} {'median':>8} {'tok/s':>8} {'tau':>6} {'lossless':>9}")
+    for m, s in overall.items():
+        ll = "base" if m == "ar" else f"{s['lossless_identical']}/{s['lossless_checked']}"
+        print(f"{m:<34} {f(s['speedup']):>8} {f(s['median_ratio']):>8} {f(s['tokens_per_s']):>8} "
+              f"{f(s['tau']):>6} {ll:>9}")
+    n = len(summary["divergences"])
+    if n:
+        print(f"WARNING: {n} output(s) differ from plain decoding - see {out / 'report.md'}")
+    print(f"report: {out / 'report.md'}")

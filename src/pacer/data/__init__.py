@@ -1,0 +1,1 @@
+"""Packaged text corpora read by pacer (not benchmark questions: those are :mod:`pacer.bench.data`)."""

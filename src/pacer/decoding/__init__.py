@@ -1,0 +1,22 @@
+"""The decoding core (see ``docs/architecture.md``):
+
+* :mod:`.backend`     - :class:`ModelBackend`, the only way the loop, drafters and diagnostics touch a model;
+* :mod:`.hf_backend`  - :class:`TransformersBackend`, the ``transformers`` implementation (restricted draft head);
+* :mod:`.tree`        - :class:`Draft`, one round's proposal, and its verification as a token tree;
+* :mod:`.drafters`    - :class:`Drafter` and :class:`TokenDrafter`, and the policy handshake :class:`Proposal`;
+* :mod:`.output`      - :class:`Output` (stops exactly at EOS / stop strings / the budget), :class:`GenerationResult`;
+* :mod:`.loop`        - :func:`speculative_generate` (five numbered steps) and :func:`autoregressive_generate`;
+* :mod:`.diagnostics` - :func:`first_divergence` and the near-tie criterion.
+"""
+
+from .backend import ModelBackend, Tree
+from .diagnostics import Divergence, dtype_resolution, first_divergence
+from .drafters import Drafter, Proposal, TokenDrafter, token_features
+from .hf_backend import TransformersBackend
+from .loop import autoregressive_generate, speculative_generate
+from .output import GenerationResult, Output
+from .tree import Draft
+
+__all__ = ["Divergence", "Draft", "Drafter", "GenerationResult", "ModelBackend", "Output", "Proposal",
+           "TokenDrafter", "TransformersBackend", "Tree", "autoregressive_generate", "dtype_resolution",
+           "first_divergence", "speculative_generate", "token_features"]

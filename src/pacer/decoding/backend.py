@@ -1,0 +1,88 @@
+"""The model-backend interface: everything the decoding loop, the drafters and the diagnostics ask of a model.
+
+A backend is one causal LM plus its KV cache. Terms:
+
+* ``length`` - how many tokens are in the cache. The loop keeps the committed sequence ``tokens`` itself and
+  feeds a backend ``tokens[length:]`` (what it has not seen yet) before the tokens it wants scored.
+* :meth:`ModelBackend.forward` - score ``ids`` after the cached tokens (the cache grows by ``len(ids)``);
+  returns float32 logits ``[keep, V]`` of the last ``keep`` rows (all rows when ``keep`` is 0; ``V`` =
+  :attr:`~ModelBackend.vocab_size`) and, with ``hidden=True``, the hidden states (a tuple over layers, embeddings
+  first, of ``[len(ids), H]``). A :class:`Tree` replaces the causal chain over ``ids`` by a token tree (Ouroboros
+  candidate branches, :mod:`pacer.decoding.tree`).
+* :meth:`ModelBackend.crop` - forget every cached token past a length (the roll-back of a rejected draft).
+* :meth:`ModelBackend.score` - logits of a whole sequence from scratch, full vocabulary, cache untouched (the
+  oracle's teacher-forced pass and the divergence diagnosis; not on the hot path).
+
+What must never happen: the loop or a drafter reaching past this interface into a runtime (``transformers``,
+llama.cpp, CUDA graphs). :class:`pacer.decoding.hf_backend.TransformersBackend` is the implementation for
+``transformers`` models; a test's pure-Python fake backend (``tests/test_backend.py``) runs the whole loop.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+Hidden = tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True)
+class Tree:
+    """Attention over ``N`` new tokens scored as a tree instead of a chain.
+
+    ``attend``: ``[N, N]`` bool, ``attend[i, j]`` - new token ``i`` sees new token ``j`` (every new token sees
+    every cached token). ``depth``: ``N`` ints, the position of new token ``i`` is ``length + depth[i]``. A chain
+    is ``attend = tril(ones)``, ``depth = 0..N-1``."""
+
+    attend: torch.Tensor
+    depth: tuple[int, ...]
+
+    @classmethod
+    def chain(cls, n: int) -> Tree:
+        return cls(torch.ones(n, n, dtype=torch.bool).tril(), tuple(range(n)))
+
+
+class ModelBackend(ABC):
+    """One causal LM and its KV cache, as the decoding loop sees it (see the module docstring).
+
+    Attributes every backend sets: ``length`` (tokens in the cache), ``context`` (most positions the model
+    takes), ``vocab_size`` (width of a logits row), ``device``, ``dtype`` (of the weights; logits come back as
+    float32), ``identity`` (an object that stands for the weights: state shared by everything drafting with the
+    same model, such as Ouroboros phrase pools, is keyed by it)."""
+
+    length: int
+    context: int
+    vocab_size: int
+    device: torch.device
+    dtype: torch.dtype
+    identity: object
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Empty the cache (a new sequence)."""
+
+    @abstractmethod
+    def forward(self, ids: Sequence[int], *, keep: int = 0, hidden: bool = False,
+                tree: Tree | None = None) -> tuple[torch.Tensor, Hidden | None]:
+        """Score ``ids`` after the cached tokens and cache them (see the module docstring)."""
+
+    @abstractmethod
+    def crop(self, length: int) -> None:
+        """Drop every cached token past ``length`` (no-op when ``length >= self.length``)."""
+
+    @abstractmethod
+    def score(self, ids: Sequence[int]) -> torch.Tensor:
+        """Float32 logits ``[len(ids), V]`` of ``ids`` from scratch over the full vocabulary; the cache is left
+        as it is."""
+
+    #: the reduced vocabulary a draft backend scores (sorted ids) before a sequence adds its own prompt's tokens;
+    #: ``None``: the full vocabulary (see :mod:`pacer.draftvocab`)
+    rows: torch.Tensor | None = None
+
+    def scored_rows(self) -> torch.Tensor | None:
+        """The vocabulary ids :meth:`forward` scores now (``None``: all; a reduced draft head scores fewer and
+        gives ``-inf`` elsewhere, see :mod:`pacer.draftvocab`)."""
+        return None

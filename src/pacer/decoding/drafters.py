@@ -1,0 +1,163 @@
+"""Drafters: what proposes ``d_1..d_γ`` each round, behind one small interface (:class:`Drafter`).
+
+A drafter owns its draft backend and asks the draft-length policy after every token whether to go on; the
+per-token handshake (ask from ``min_draft`` on, time the policy, record the token's features) is
+:class:`Proposal`, shared by every drafter so that a policy sees the same thing whoever drafts.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..errors import PacerError
+from ..policies import DraftPolicy, DraftState
+from ..sampling import SamplingConfig, pick, warp
+from .backend import ModelBackend
+from .tree import Draft
+
+
+class Drafter:
+    """Proposes draft tokens (the interface every drafting scheme implements)."""
+
+    def reset(self) -> None:
+        """Called at the start of each generation."""
+
+    def propose(self, tokens: list[int], policy: DraftPolicy, budget: int, sampling: SamplingConfig,
+                gen: torch.Generator) -> Draft:
+        """Draft at most ``budget`` tokens after the committed ``tokens``, asking ``policy`` after each."""
+        raise NotImplementedError
+
+    def rollback(self, keep: int) -> None:
+        """The committed sequence now has ``keep`` tokens that the drafter may have cached; drop the rest."""
+
+    def vocab_rows(self) -> torch.Tensor | None:
+        """The draft vocabulary rows the drafter proposes from (``None``: the full vocabulary)."""
+        return None
+
+    def observe(self, tokens: list[int], target_argmax: list[int], accepted: int) -> None:
+        """After verification: ``target_argmax[i]`` (``0 <= i <= γ``) is the target's greedy token after
+        ``tokens + d_1..d_i`` (``γ + 1`` entries; branch rows are not included), ``accepted`` is ``n``. Phrase
+        pools learn from it; the default does nothing."""
+
+    def agreement(self, prompt: list[int], reference: list[int]) -> list[bool]:
+        """For each position ``j`` of ``reference`` (the target's greedy continuation of ``prompt``): would this
+        drafter's greedy proposal after ``prompt + reference[:j]`` be ``reference[j]``? Feeds the oracle."""
+        raise PacerError(f"{type(self).__name__} cannot tell where it agrees with the target (no oracle for it)")
+
+    def report(self) -> dict | None:
+        """What the drafter did in the generation, for ``GenerationResult.extra["drafter"]`` (``None``: nothing)."""
+        return None
+
+    def finish(self) -> None:
+        """Called once a generation has ended (e.g. to save state that outlives it)."""
+
+
+def token_features(q: torch.Tensor, x: int, state: DraftState) -> None:
+    """Append the cheap per-token features of draft token ``x`` drawn from ``q`` to ``state``."""
+    state.tokens.append(x)
+    state.prob.append(float(q[x]))
+    state.top_prob.append(float(q.max()))
+    logq = torch.log(q.clamp_min(1e-30))
+    state.entropy.append(float(-(q * logq).sum()))
+
+
+class Proposal:
+    """One round's drafting in progress: the per-token handshake with the policy that every drafter shares.
+
+    :meth:`ask` - may one more token be drafted? (below ``policy.min_draft`` without asking; the policy's time is
+    counted apart from drafting); :meth:`add` - record a drafted token with its features; :meth:`draft` - the
+    finished :class:`Draft`."""
+
+    def __init__(self, policy: DraftPolicy, budget: int) -> None:
+        self.policy, self.budget = policy, budget
+        self.layers = policy.hidden_layers
+        self.state = DraftState()
+        self.policy_time = 0.0
+        self.forwards = 0
+        self.qs: list[torch.Tensor] = []
+
+    @property
+    def n(self) -> int:
+        return self.state.n
+
+    def ask(self, free: bool = False) -> bool:
+        """``free``: the token asked about is already computed (it costs no draft forward of its own)."""
+        if self.state.n >= self.budget:
+            return False
+        self.state.next_is_free = free
+        if self.state.n < self.policy.min_draft:
+            return True
+        t = time.perf_counter()
+        ok = self.policy.should_continue(self.state)
+        self.policy_time += time.perf_counter() - t
+        return ok
+
+    def add(self, q: torch.Tensor, x: int, hidden: tuple[torch.Tensor, ...] | None, row: int,
+            phrase: bool = False, keep_q: bool = False) -> None:
+        """Token ``x`` drawn from ``q``; ``hidden[layer][row]`` are its hidden states (the forward's row that
+        predicted it); ``keep_q``: sampling, the loop needs ``q`` for rejection sampling."""
+        token_features(q, x, self.state)
+        self.state.phrase.append(phrase)
+        if self.layers is not None:
+            self.state.hidden.append(torch.cat([hidden[i][row] for i in self.layers]).float())
+        if keep_q:
+            self.qs.append(q)
+
+    def draft(self) -> Draft:
+        return Draft(self.state.tokens, torch.stack(self.qs) if self.qs else None, self.state, self.policy_time,
+                     self.forwards)
+
+
+class TokenDrafter(Drafter):
+    """Drafts one token per draft forward (classic SD). ``vocab`` is the target's vocabulary size: draft logits are
+    truncated or padded to it so that ``q`` and ``p`` live on the same support."""
+
+    def __init__(self, model: ModelBackend, vocab: int) -> None:
+        self.model = model
+        self.vocab = vocab
+
+    def reset(self) -> None:
+        self.model.reset()
+
+    def align(self, logits: torch.Tensor) -> torch.Tensor:
+        v = logits.shape[-1]
+        if v > self.vocab:
+            return logits[..., : self.vocab]
+        if v < self.vocab:
+            pad = logits.new_full((*logits.shape[:-1], self.vocab - v), float("-inf"))
+            return torch.cat([logits, pad], -1)
+        return logits
+
+    def propose(self, tokens, policy, budget, sampling, gen) -> Draft:
+        p = Proposal(policy, budget)
+        pending = tokens[self.model.length :]
+        while p.ask():
+            logits, hidden = self.model.forward(pending, hidden=p.layers is not None, keep=1)
+            p.forwards += 1
+            q = warp(self.align(logits[-1]), sampling)
+            x = pick(q, sampling, gen)
+            p.add(q, x, hidden, -1, keep_q=not sampling.greedy)
+            pending = [x]
+        return p.draft()
+
+    def rollback(self, keep: int) -> None:
+        self.model.crop(keep)
+
+    def vocab_rows(self) -> torch.Tensor | None:
+        return self.model.rows
+
+    @torch.inference_mode()
+    def agreement(self, prompt: list[int], reference: list[int]) -> list[bool]:
+        """One teacher-forced draft pass; with a reduced vocabulary the greedy token is the best of the kept rows
+        and the prompt's tokens (what the drafter would score, see :meth:`TransformersBackend.add_rows`)."""
+        if not reference:
+            return []
+        logits = self.align(self.model.score(prompt + reference[:-1])[len(prompt) - 1 :])
+        rows = self.model.rows
+        if rows is not None:
+            rows = torch.unique(torch.cat([rows, torch.tensor(prompt, dtype=torch.long)]))
+            rows = rows[rows < logits.shape[-1]]
+        pred = (rows[logits[:, rows].argmax(-1)] if rows is not None else logits.argmax(-1)).tolist()
+        return [a == b for a, b in zip(pred, reference, strict=True)]

@@ -1,0 +1,111 @@
+"""The one speculative decoding loop that every method shares, plus plain autoregressive decoding.
+
+One round of :func:`speculative_generate` (``γ`` draft tokens, ``n`` accepted; see :mod:`pacer.sampling`):
+
+1. **propose** - the drafter drafts token by token (or phrase by phrase) and asks the draft-length policy after
+   every token whether to go on; the loop caps ``γ`` by the policy's bounds and the remaining token budget.
+2. **verify**  - one target forward over the tokens the target has not seen yet plus ``d_1..d_γ`` gives ``p``.
+3. **accept**  - greedy: longest matching prefix plus the target's token; sampling: rejection sampling.
+4. **roll back** - both KV caches are cropped to the accepted length (a length pointer, no copies).
+5. **commit**  - ``d_1..d_n`` and the target's token are appended one by one, so EOS, stop strings and
+   ``max_new_tokens`` end the output exactly where plain decoding would, even inside a draft block.
+
+The loop sees models only through :class:`~pacer.decoding.backend.ModelBackend` (``target``, and the drafter's
+own), drafting only through :class:`~pacer.decoding.drafters.Drafter`, and the length decision only through
+:class:`~pacer.policies.DraftPolicy`. The committed sequence is ``tokens``; a backend is fed ``tokens[length:]``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..policies import DraftPolicy, RoundResult
+from ..sampling import SamplingConfig, acceptance_probs, pick, verify_greedy, verify_sampling, warp
+from ..stats import GenerationStats
+from .backend import ModelBackend
+from .drafters import Drafter
+from .output import Output
+
+
+def autoregressive_generate(
+    target: ModelBackend, prompt: list[int], out: Output, sampling: SamplingConfig, stats: GenerationStats
+) -> list[int]:
+    """Plain decoding: one target forward per token. The baseline every speedup is measured against."""
+    gen = sampling.generator()
+    target.reset()
+    tokens = list(prompt)
+    start = time.perf_counter()
+    while not out.done:
+        t = time.perf_counter()
+        logits, _ = target.forward(tokens[target.length :], keep=1)
+        x = pick(warp(logits[-1], sampling), sampling, gen)
+        stats.time_verify += time.perf_counter() - t
+        stats.record_round(0, 0)
+        tokens += out.extend([x])
+    stats.wall_time = time.perf_counter() - start
+    return out.ids
+
+
+def speculative_generate(
+    target: ModelBackend,
+    drafter: Drafter,
+    policy: DraftPolicy,
+    prompt: list[int],
+    out: Output,
+    sampling: SamplingConfig,
+    stats: GenerationStats,
+) -> list[int]:
+    """Speculative decoding with draft length chosen by ``policy`` (see the module docstring for the steps)."""
+    gen = sampling.generator()
+    target.reset()
+    drafter.reset()
+    policy.reset()
+    tokens = list(prompt)
+    start = time.perf_counter()
+    while not out.done:
+        # 1. propose: at most what the policy, the budget (the round's target token is always emitted) and the
+        #    context allow
+        budget = min(policy.max_draft, out.remaining - 1, target.context - len(tokens) - 1)
+        t0 = time.perf_counter()
+        draft = drafter.propose(tokens, policy, max(budget, 0), sampling, gen)
+        t1 = time.perf_counter()
+        γ = len(draft.tokens)
+        # 2. verify: one target forward over the unseen tokens and d_1..d_γ (greedy: plus candidate branches
+        #    after d_γ, as a tree); p[i] is the target's distribution for d_{i+1} (p[γ]: the bonus token)
+        pending = tokens[target.length :]
+        room = min(out.remaining, target.context - len(tokens)) - 1 - γ if sampling.greedy else 0
+        ids, tree = draft.tree_inputs(pending, room, policy.branch_room(γ))
+        scores, _ = target.forward(ids, tree=tree, keep=len(ids) - len(pending) + 1)
+        logits = scores[: γ + 1]  # row 0 is the last pending token's
+        # 3. accept: greedy - longest matching prefix, then (all γ matched) the longest matching branch,
+        #    plus the target's token; sampling - rejection sampling
+        if sampling.greedy:
+            n, x = verify_greedy(draft.tokens, logits)
+            x = draft.accept_branch(scores, γ + 1, x) if n == γ and draft.branches else x
+            p = None
+        else:
+            p = warp(logits, sampling)
+            n, x = verify_sampling(draft.tokens, draft.q, p, gen)
+        # 4. roll back both caches to the accepted main-draft length (an extension is re-fed next round)
+        keep = len(tokens) + n
+        target.crop(keep)
+        drafter.rollback(keep)
+        t2 = time.perf_counter()
+        drafter.observe(tokens, logits.argmax(-1).tolist(), n)
+        # 5. commit token by token (EOS / stop strings / max_new_tokens inside the block end the output exactly)
+        committed = out.extend(draft.tokens[:n] + draft.extension + [x])
+        tokens += committed
+        stats.record_round(γ + len(draft.extension), n + len(draft.extension))
+        stats.draft_forwards += draft.forwards
+        soft = acceptance_probs(draft.tokens, draft.state.prob, p if p is not None else torch.softmax(logits, -1)) \
+            if policy.needs_soft else []
+        policy.update(draft.state, RoundResult(γ, n, soft, t1 - t0 - draft.policy_time, t2 - t1, len(ids),
+                                               draft.forwards, len(committed)))
+        t3 = time.perf_counter()
+        stats.time_draft += t1 - t0 - draft.policy_time
+        stats.time_policy += draft.policy_time + (t3 - t2)
+        stats.time_verify += t2 - t1
+    stats.wall_time = time.perf_counter() - start
+    return out.ids

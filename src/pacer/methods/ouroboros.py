@@ -1,0 +1,42 @@
+"""Ouroboros phrase drafting (:mod:`pacer.ouroboros`) with the fixed rule (``ouroboros``) or PACER's layer
+(``pacer+ouroboros``): the same policies as ``sd`` and ``pacer``, another drafter."""
+
+from __future__ import annotations
+
+from ..ouroboros import PhraseDrafter
+from .learned import BLOCK, PATH, learned
+from .registry import Build, Method, Option, register
+from .rules import THRESHOLD, fixed
+
+PHRASE_OPTIONS = (
+    Option("ngram", int, "ouroboros: phrase length (default 6)", to="drafter", minimum=1),
+    Option("pool_size", int, "ouroboros: phrase pool capacity in entries (default 20000)", to="drafter", minimum=1),
+    Option("candidates", int, "ouroboros: candidate phrases verified per round (default 2)", to="drafter",
+           minimum=0),
+    Option("candidate_len", int, "ouroboros: longest candidate phrase (default: ngram)", to="drafter", minimum=1),
+    Option("key_len", int, "ouroboros: longest pool key (default 2)", to="drafter", minimum=1),
+    Option("sources", str, "ouroboros: phrase sources, a subset of prompt,output,verify,lookahead", to="drafter"),
+    Option("warm_start", bool, "ouroboros: share the pool across generations (default true)", to="drafter"),
+    Option("pool_file", str, "ouroboros: load the pool from / save it to this file", to="drafter"),
+    Option("phrases", bool, "ouroboros: draft phrase by phrase (false: token by token, candidates only)",
+           to="drafter"),
+    Option("tree_size", int, "ouroboros: most tokens one verification scores with the branches (0: no cap)",
+           to="drafter", minimum=0),
+)
+
+
+def phrase_drafter(method: str):
+    def build(b: Build) -> PhraseDrafter:
+        # each method (with its options) keeps its own warm-start pool: one method never sees another's output
+        tag = method + "".join(f"|{k}={v}" for k, v in sorted(b.options.items()))
+        tag += f"|draft_vocab={len(b.rows)}" if b.rows is not None else ""
+        return PhraseDrafter(b.decoder.draft_backend(b.rows), b.decoder.vocab, pool_tag=tag, **b.options)
+
+    return build
+
+
+register(Method("ouroboros", "Ouroboros: phrase drafting from an n-gram pool, candidate phrases verified in the "
+                "same forward; fixed γ", fixed, phrase_drafter("ouroboros"), options=PHRASE_OPTIONS))
+register(Method("pacer+ouroboros", "PACER's layer deciding the length of Ouroboros phrase drafts",
+                learned("pacer"), phrase_drafter("pacer+ouroboros"),
+                options=(THRESHOLD, PATH, BLOCK, *PHRASE_OPTIONS)))

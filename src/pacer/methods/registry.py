@@ -1,0 +1,215 @@
+"""One registry of decoding methods: a :class:`Method` record says everything about a method, once.
+
+The API (:meth:`pacer.Decoder.generate`), the command line (``--method`` and the option flags), ``pacer bench``
+(``--methods name:key=val``) and the docs' method table all read this registry; nothing else lists methods.
+
+A record holds: the policy factory and the drafter factory (each takes a :class:`Build`: the decoder, the
+method's options, the draft bounds, ``γ``, whether the cost-aware rule is on, the draft vocabulary), the options
+the method takes (:class:`Option`: type, default, whether it goes to the policy or the drafter, its command-line
+flag), and what it needs (a draft model; greedy decoding only). What a *policy* needs from the loop at run time
+(hidden layers, soft acceptance, the target's reference continuation) is declared on the policy object itself
+(:class:`pacer.policies.DraftPolicy`), because a learned policy knows it only once its checkpoint is read.
+
+Adding a method: one file under ``pacer/methods/`` that builds a :class:`Method` and calls :func:`register`, and
+one line importing it in ``pacer/methods/__init__.py`` (or a :func:`register` call from your own code).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import PacerError
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..api import Decoder
+    from ..decoding import Drafter
+    from ..policies import DraftPolicy
+
+
+def parse_bool(text: str) -> bool:
+    low = str(text).lower()
+    if low in ("true", "1", "yes", "on"):
+        return True
+    if low in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"not true/false: {text!r}")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of a method. ``to``: ``"policy"`` or ``"drafter"`` (which factory reads it); ``type``: ``int``,
+    ``float``, ``bool`` or ``str``; ``minimum``: the smallest valid number; ``flag``: the command-line flag
+    (default ``--name-with-dashes``); ``explicit``: giving it asks for that literal rule (a threshold, a length),
+    so the cost-aware rule stays off unless asked for."""
+
+    name: str
+    type: type
+    help: str
+    to: str = "policy"
+    minimum: float | None = None
+    flag: str = ""
+    explicit: bool = False
+    #: text -> value where ``type`` cannot say it (``type`` is then ``object`` and the consumer checks the value)
+    parser: Callable[[str], Any] | None = None
+
+    @property
+    def cli_flag(self) -> str:
+        return self.flag or "--" + self.name.replace("_", "-")
+
+    def parse(self, text: str) -> Any:
+        """A value from text (command line, ``pacer bench`` specs)."""
+        if self.parser is not None:
+            return self.parser(text)
+        try:
+            return parse_bool(text) if self.type is bool else self.type(text)
+        except ValueError:
+            raise PacerError(f"option {self.name} takes {self.type.__name__}, got {text!r}") from None
+
+    def check(self, value: Any, method: str) -> Any:
+        """``value`` validated (a number within range, the right type), or a one-line error."""
+        if self.type is object:
+            return value
+        ok = isinstance(value, self.type) and not (self.type is not bool and isinstance(value, bool))
+        if self.type is float and isinstance(value, int) and not isinstance(value, bool):
+            value, ok = float(value), True
+        if not ok:
+            raise PacerError(f"method '{method}': option {self.name} takes {self.type.__name__}, got {value!r}")
+        if self.type is float and value != value:
+            raise PacerError(f"method '{method}': option {self.name} must be a number, got nan")
+        if self.minimum is not None and value < self.minimum:
+            raise PacerError(f"method '{method}': option {self.name} must be >= {self.minimum:g}, got {value}")
+        return value
+
+
+@dataclass
+class Build:
+    """What a factory gets: the loaded ``decoder``; ``options`` (this method's, validated; absent ones are not in
+    it); ``bounds`` (``min_draft``/``max_draft`` where given); ``gamma`` (``None``: not given); ``cost_aware``
+    (the cost-aware rule will wrap the policy: a threshold not given must then be none); ``rows`` (the drafter's
+    draft vocabulary, ``None``: full)."""
+
+    decoder: Decoder
+    options: dict = field(default_factory=dict)
+    bounds: dict = field(default_factory=dict)
+    gamma: int | None = None
+    cost_aware: bool = False
+    rows: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Method:
+    """A decoding method. ``policy`` / ``drafter``: factories (both ``None``: plain decoding, ``ar``);
+    ``drafter=None`` with a policy means the default token-by-token drafter."""
+
+    name: str
+    summary: str
+    policy: Callable[[Build], DraftPolicy] | None = None
+    drafter: Callable[[Build], Drafter] | None = None
+    options: tuple[Option, ...] = ()
+    greedy_only: bool = False
+
+    @property
+    def drafts(self) -> bool:
+        """Needs a draft model (every method but plain decoding)."""
+        return self.policy is not None
+
+    def option(self, name: str) -> Option | None:
+        return next((o for o in self.options if o.name == name), None)
+
+    def split(self, options: Mapping[str, Any]) -> tuple[dict, dict]:
+        """``options`` checked against this method's (and ``draft_vocab``, every drafting method's), split into
+        (policy options, drafter options)."""
+        policy, drafter = {}, {}
+        for k, v in options.items():
+            o = DRAFT_VOCAB if k == DRAFT_VOCAB.name and self.drafts else self.option(k)
+            if o is None:
+                own = ", ".join(o.name for o in self.options) or "none"
+                common = ", ".join(o.name for o in (*COMMON, DRAFT_VOCAB))
+                raise PacerError(f"method '{self.name}' takes no option '{k}' (its own options: {own}"
+                                 + (f"; every drafting method takes {common})" if self.drafts else ")"))
+            (policy if o.to == "policy" else drafter)[k] = o.check(v, self.name)
+        return policy, drafter
+
+    def explicit(self, options: Mapping[str, Any]) -> bool:
+        """Does ``options`` pin a literal rule (so the cost-aware rule is off by default)?"""
+        return any(o.explicit for k in options if (o := self.option(k)) is not None)
+
+
+#: the draft-length bounds and switches every drafting method takes (``Decoder.generate`` arguments)
+COMMON = (
+    Option("gamma", int, "draft length of the fixed rules (sd, ouroboros; with the cost-aware rule their cap; "
+           "default 4); the initial length of heuristic", minimum=1, explicit=True),
+    Option("min_draft", int, "lower bound on draft tokens per round", minimum=0),
+    Option("max_draft", int, "upper bound on draft tokens per round", minimum=1),
+    Option("cost_aware", bool, "draft a token only where it pays on this machine's measured costs (default: on "
+           "unless gamma or a threshold is given)"),
+)
+#: the draft vocabulary, every drafting method (``Decoder.generate(options={"draft_vocab": ...})``): ``auto``, a
+#: number of most frequent tokens (0: the full vocabulary) or explicit ids; see :mod:`pacer.draftvocab`
+DRAFT_VOCAB = Option("draft_vocab", object, "draft from the S most frequent tokens and the prompt's (0: the full "
+                     "vocabulary; auto: the decoder's default)", to="drafter", parser=lambda t: _parse_vocab(t))
+
+
+def _parse_vocab(text: str):
+    from ..draftvocab import parse
+
+    return parse(text)
+
+_REGISTRY: dict[str, Method] = {}
+
+
+def register(method: Method, replace: bool = False) -> Method:
+    """Add ``method`` (``replace``: over one of the same name)."""
+    if not method.name or any(c in method.name for c in ",:= "):
+        raise PacerError(f"a method name must be non-empty without ',', ':', '=' or spaces: {method.name!r}")
+    if method.name in _REGISTRY and not replace:
+        raise PacerError(f"method '{method.name}' is already registered")
+    names = {o.name for o in (*COMMON, DRAFT_VOCAB)}
+    for o in method.options:
+        if o.name in names or o.to not in ("policy", "drafter"):
+            raise PacerError(f"method '{method.name}': option {o.name!r} clashes with a common option or has "
+                             f"no valid target")
+        other = next((x for m in _REGISTRY.values() for x in m.options if x.name == o.name), None)
+        if other is not None and (other.type, other.cli_flag) != (o.type, o.cli_flag):
+            raise PacerError(f"method '{method.name}': option {o.name!r} differs from another method's option of "
+                             f"that name (type or flag)")
+    _REGISTRY[method.name] = method
+    return method
+
+
+def unregister(name: str) -> None:
+    _REGISTRY.pop(name, None)
+
+
+def get(name: str) -> Method:
+    """The method called ``name``, or a one-line error listing the known ones."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise PacerError(f"unknown method '{name}'; choose one of {', '.join(_REGISTRY)}") from None
+
+
+def names() -> tuple[str, ...]:
+    return tuple(_REGISTRY)
+
+
+def all_options() -> list[Option]:
+    """Every method option once (the command line has one flag per option name)."""
+    seen: dict[str, Option] = {}
+    for m in _REGISTRY.values():
+        for o in m.options:
+            seen.setdefault(o.name, o)
+    return list(seen.values())
+
+
+def table() -> str:
+    """The Markdown table of methods and their options (the README's, checked by a test)."""
+    rows = ["| method | what it is | options |", "|---|---|---|"]
+    for m in _REGISTRY.values():
+        opts = ", ".join(f"`{o.name}`" for o in m.options) or "-"
+        rows.append(f"| `{m.name}` | {m.summary} | {opts} |")
+    return "\n".join(rows)
