@@ -79,9 +79,9 @@ def test_decoder_default_draft_vocab_applies_to_every_method(close):
     from pacer import Decoder
 
     dec = Decoder(close.target_info, close.draft_info, threads=1, draft_vocab=HALF)
-    assert torch.equal(dec.make_drafter("sd").model.rows, torch.tensor(HALF))
-    assert torch.equal(dec.make_drafter("ouroboros", warm_start=False).model.rows, torch.tensor(HALF))
-    assert dec.make_drafter("sd", draft_vocab=0).model.rows is None  # per call: back to the full vocabulary
+    assert torch.equal(dec.make_drafter("sd").backend.rows, torch.tensor(HALF))
+    assert torch.equal(dec.make_drafter("ouroboros", warm_start=False).backend.rows, torch.tensor(HALF))
+    assert dec.make_drafter("sd", draft_vocab=0).backend.rows is None  # per call: back to the full vocabulary
     # a method with and without the reduced vocabulary never share an Ouroboros warm-start pool
     assert dec.make_drafter("ouroboros").pool is not dec.make_drafter("ouroboros", draft_vocab=0).pool
     assert dec.make_drafter("ouroboros").pool is dec.make_drafter("ouroboros").pool
@@ -180,7 +180,7 @@ def test_auto_reduces_only_large_vocabularies_and_falls_back(close, capsys, monk
     from pacer import Decoder
 
     dec = Decoder(close.target_info, close.draft_info, threads=1)
-    assert dec.draft_vocab == "auto" and dec.make_drafter("sd").model.rows is None
+    assert dec.draft_vocab == "auto" and dec.make_drafter("sd").backend.rows is None
     assert "drafting from the full vocabulary (the ShareGPT data is not installed" in capsys.readouterr().err
     with pytest.raises(PacerError, match="not installed"):  # asked for explicitly: an error
         dec.draft_rows(64)

@@ -68,9 +68,9 @@ class CacheChecker(DraftPolicy):
         # the target has everything but the newest token (the bonus/correction, fed next round)
         assert self.t.length == committed - 1
         # the draft never holds more than the accepted prefix, and at most two tokens behind
-        assert committed - 2 <= self.d.model.length <= committed - 1
+        assert committed - 2 <= self.d.backend.length <= committed - 1
         assert self.t.cache.get_seq_length() == self.t.length
-        assert self.d.model.cache.get_seq_length() == self.d.model.length
+        assert self.d.backend.cache.get_seq_length() == self.d.backend.length
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 8])

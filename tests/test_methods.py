@@ -97,7 +97,36 @@ def test_register_refuses_clashes():
         methods.register(methods.Method("x1", "x", lambda b: None, options=(methods.Option("gamma", int, ""),)))
     with pytest.raises(PacerError, match="differs"):
         methods.register(methods.Method("x2", "x", lambda b: None, options=(methods.Option("threshold", str, ""),)))
-    assert "x1" not in methods.names() and "x2" not in methods.names()
+    with pytest.raises(PacerError, match="clashes"):  # a setting's flag: argparse would refuse the whole CLI
+        methods.register(methods.Method("x3", "x", lambda b: None, options=(methods.Option("seed", int, ""),)))
+    with pytest.raises(PacerError, match="needs a drafter factory"):
+        methods.register(methods.Method("x4", "x", lambda b: None,
+                                        options=(methods.Option("width", int, "", to="drafter"),)))
+    assert not {"x1", "x2", "x3", "x4"} & set(methods.names())
+
+
+def test_a_policy_that_has_its_reference_is_not_given_another(close, monkeypatch):
+    """The oracle asks for the target's continuation only while it has none (a declared property, passed through
+    the cost-aware wrapper): given its agreement list, no plain-decoding run is made for it."""
+    from pacer.policies import OraclePolicy
+
+    ids = close.encode("hello world")
+    ref = close.generate(ids, "ar", max_new_tokens=12).token_ids
+    agree = close.make_drafter("oracle").agreement(ids, ref)
+    calls = []
+    real = type(close).generate
+
+    def counting(self, prompt, method="sd", *a, **k):
+        calls.append(method)
+        return real(self, prompt, method, *a, **k)
+
+    monkeypatch.setattr(type(close), "generate", counting)
+    res = close.generate(ids, "oracle", max_new_tokens=12, policy=OraclePolicy(agree))
+    assert res.token_ids == ref and calls == ["oracle"]
+    close.generate(ids, "oracle", max_new_tokens=12)  # no agreement given: one plain run makes it
+    assert calls == ["oracle", "oracle", "ar"]
+    aware = close.make_policy("oracle", cost_aware=True)
+    assert aware.needs_reference and (aware.set_reference(agree) or not aware.needs_reference)
 
 
 def test_readme_method_table_is_the_registry():

@@ -158,7 +158,7 @@ class Decoder:
             ids = [int(i) for i in prompt]
         else:
             if not prompt.strip():
-                raise PacerError("the prompt is empty; pass some text (or '-' to read standard input)")
+                raise PacerError("the prompt is empty; pass some text")
             if self.tokenizer is None:
                 raise PacerError("this model pair has no tokenizer; pass token ids instead of text")
             if chat:
@@ -173,7 +173,7 @@ class Decoder:
             else:
                 ids = self.tokenizer.encode(prompt, add_special_tokens=False)
         if not ids:
-            raise PacerError("the prompt is empty; pass some text (or '-' to read standard input)")
+            raise PacerError("the prompt is empty; pass some text")
         if len(ids) >= self.target.context:
             raise PacerError(
                 f"the prompt has {len(ids)} tokens but the model's context is {self.target.context}; "
@@ -312,7 +312,7 @@ class Decoder:
 def generate(prompt: str, method: str = "sd", target: str = "default-target", draft: str = "default-draft",
              dtype: str = "bfloat16", threads: int | None = None, **kwargs) -> GenerationResult:
     """One-shot: load the pair, generate, return a :class:`GenerationResult` (text, token_ids, stats)."""
-    return Decoder.from_pretrained(target, draft if method != "ar" else None, dtype, threads).generate(
+    return Decoder.from_pretrained(target, draft if methods.get(method).drafts else None, dtype, threads).generate(
         prompt, method, **kwargs
     )
 

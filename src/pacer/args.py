@@ -88,13 +88,16 @@ def cost_aware(args: argparse.Namespace) -> bool | None:
 
 
 #: settings named in the core's messages -> the flags that set them (the command line speaks in flags)
-SETTINGS = ("max_new_tokens", "temperature", "top_k", "top_p", "gamma", "min_draft", "max_draft", "threads")
+SETTINGS = ("max_new_tokens", "temperature", "top_k", "top_p", "gamma", "min_draft", "max_draft", "threads",
+            "draft_vocab")
 
 
 def as_flags(message: str) -> str:
-    """``message`` with each setting that a rule is stated for (``name must``, ``name (value)``) as its flag."""
+    """``message`` with each setting that a rule is stated for (``name must``, ``name (value)``, ``option name``)
+    as its flag; every other word stays."""
     flags = {n: "--" + n.replace("_", "-") for n in SETTINGS} | {o.name: o.cli_flag for o in methods.all_options()}
-    return re.sub(r"(?<![\w-])(\w+)(?= must\b| \()", lambda m: flags.get(m.group(1), m.group(1)), message)
+    pattern = r"(?<![\w-])(?:(?<=option )(\w+)|(\w+)(?= must\b| \(| takes\b))"
+    return re.sub(pattern, lambda m: flags.get(m.group(1) or m.group(2), m.group(0)), message)
 
 
 def check_args(args: argparse.Namespace) -> None:

@@ -12,7 +12,8 @@ import sys
 import time
 from collections.abc import Sequence
 
-from .args import add_decoding_args, add_model_args, check_args, cost_aware, load_decoder, method_options
+from . import methods
+from .args import add_decoding_args, add_model_args, as_flags, check_args, cost_aware, load_decoder, method_options
 from .bench import cli as bench_cli
 from .errors import PacerError
 from .preverify import cli as preverify_cli
@@ -69,7 +70,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         prompt = args.prompt
     if not prompt.strip():
         raise PacerError("the prompt is empty; pass some text (or '-' to read standard input)")
-    draft = None if args.method == "ar" else args.draft
+    draft = args.draft if methods.get(args.method).drafts else None
     dec = load_decoder(args, draft)
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
     streamer = None if args.json else TextStreamer(dec.tokenizer, args.stop)
@@ -260,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.draft_vocab = parse(args.draft_vocab, "--draft-vocab")
         return int(args.func(args) or 0)
     except PacerError as e:
-        print(f"pacer: error: {e}", file=sys.stderr)
+        print(f"pacer: error: {as_flags(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"\npacer: interrupted after {time.perf_counter() - start:.0f}s", file=sys.stderr)

@@ -208,8 +208,8 @@ class CostAwarePolicy(DraftPolicy):
         self.inner, self.base, self.source, self.refine = inner, costs.monotone(), source, refine
         self.hidden_layers = inner.hidden_layers
         self.needs_soft = inner.needs_soft
-        self.needs_reference = inner.needs_reference
         self.greedy_only = inner.greedy_only
+        self.check_seconds = inner.check_seconds
         self.memory = memory or CostMemory()
         self.calibrator = self.memory.calibrator
         self.reset()
@@ -303,6 +303,10 @@ class CostAwarePolicy(DraftPolicy):
         self.inner.prepare(greedy)
         if not greedy:
             self.refine = 0.0
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.inner.needs_reference
 
     def set_reference(self, agree: list[bool]) -> None:
         self.inner.set_reference(agree)

@@ -200,13 +200,13 @@ class PhraseDrafter(TokenDrafter):
     the same for 1..8-10 tokens on this CPU and clearly more beyond, so branches only fill that flat part.
     """
 
-    def __init__(self, model: ModelBackend, vocab: int, ngram: int | None = None,
+    def __init__(self, backend: ModelBackend, vocab: int, ngram: int | None = None,
                  pool_size: int | None = None, candidates: int | None = None,
                  candidate_len: int | None = None, key_len: int = 2,
                  sources: str | tuple[str, ...] | list[str] = SOURCES, warm_start: bool = True,
                  pool_file: str | Path | None = None, phrases: bool = True, pool_tag: str = "",
                  tree_size: int | None = 10) -> None:
-        super().__init__(model, vocab)
+        super().__init__(backend, vocab)
         ngram = 6 if ngram is None else int(ngram)
         pool_size = 20000 if pool_size is None else int(pool_size)
         self.candidates = 2 if candidates is None else int(candidates)
@@ -223,7 +223,7 @@ class PhraseDrafter(TokenDrafter):
         self.phrases = bool(phrases)
         if warm_start:
             tag = f"{pool_tag}|{','.join(sorted(self.sources))}"
-            self.pool = shared_pool(model.identity, ngram, pool_size, key_len, tag)
+            self.pool = shared_pool(backend.identity, ngram, pool_size, key_len, tag)
         else:
             self.pool = PhrasePool(ngram, pool_size, key_len)
         self.pool_file = Path(pool_file) if pool_file else None
@@ -281,13 +281,13 @@ class PhraseDrafter(TokenDrafter):
         self._leftover = []
         while p.ask():
             ctx = tokens + p.state.tokens
-            pending = ctx[self.model.length :]
+            pending = ctx[self.backend.length :]
             room = budget - p.n  # tokens this forward may still add (its phrase tokens + the draft's own)
             found = self.pool.lookup(ctx, 1) if room > 1 else []
             key, phrase = found[0] if found else ((), ())
             phrase = list(phrase[: room - 1])
-            start = self.model.length + len(pending)  # cache length once pending is in
-            logits, hidden = self.model.forward(pending + phrase, hidden=p.layers is not None, keep=len(phrase) + 1)
+            start = self.backend.length + len(pending)  # cache length once pending is in
+            logits, hidden = self.backend.forward(pending + phrase, hidden=p.layers is not None, keep=len(phrase) + 1)
             p.forwards += 1
             rows = logits  # row j predicts the token after phrase[:j]
             q = torch.softmax(self.align(rows), -1)
@@ -302,7 +302,7 @@ class PhraseDrafter(TokenDrafter):
                     break
                 p.add(q[j], x, hidden, len(pending) - 1 + j, phrase=j < k)
                 kept += 1
-            self.model.crop(start + min(kept, k))  # keep only kept phrase tokens in the cache
+            self.backend.crop(start + min(kept, k))  # keep only kept phrase tokens in the cache
             if phrase:
                 self.counts["phrase_forwards"] += 1
                 self.counts["phrase_tokens"] += min(kept, k)

@@ -85,7 +85,7 @@ class DraftPolicy:
     def __init__(self, min_draft: int = 1, max_draft: int = 16) -> None:
         if min_draft < 0 or max_draft <= 0 or min_draft > max_draft:
             raise PacerError(
-                f"draft bounds must satisfy 0 <= min-draft <= max-draft and max-draft >= 1, "
+                f"draft bounds must satisfy 0 <= min_draft <= max_draft and max_draft >= 1, "
                 f"got min {min_draft}, max {max_draft}"
             )
         self.min_draft = min_draft
@@ -222,13 +222,17 @@ class OraclePolicy(DraftPolicy):
     first mismatch - the best any length policy can do on a pair. Greedy decoding only."""
 
     name = "oracle"
-    needs_reference = True
     greedy_only = True
 
     def __init__(self, agree: list[bool] | None = None, min_draft: int = 0, max_draft: int = 32) -> None:
         super().__init__(min_draft, max_draft)
         self.agree = agree
         self.produced = 0  # tokens generated before this round
+
+    @property
+    def needs_reference(self) -> bool:
+        """Until it is given its agreement list (here or in the constructor)."""
+        return self.agree is None
 
     def set_reference(self, agree: list[bool]) -> None:
         self.agree = list(agree)
@@ -237,6 +241,8 @@ class OraclePolicy(DraftPolicy):
         self.produced = 0
 
     def update(self, state: DraftState, result: RoundResult) -> None:
+        if result.committed <= 0:  # every round commits a token: 0 is a caller that did not say how many
+            raise PacerError("the oracle needs RoundResult.committed (the tokens a round appended to the output)")
         self.produced += result.committed
 
     def should_continue(self, state: DraftState) -> bool:

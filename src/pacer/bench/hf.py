@@ -57,7 +57,7 @@ def hf_assisted_generate(dec, ids: list[int], max_new_tokens: int, opts: dict | 
     if dec.draft_info is None:
         raise PacerError("hf-assisted needs a draft model (--draft)")
     opts = dict(opts or {})
-    target, draft = dec.target.model, dec.draft_info.model
+    target, draft = dec.target_info.model, dec.draft_info.model  # transformers models: this peer is HF-only
     gc = draft.generation_config
     saved = {attr: getattr(gc, attr, None) for attr in HF_KEYS.values()}
     rounds: list[tuple[int, int]] = []

@@ -124,7 +124,7 @@ def parse_methods(text: str) -> list[MethodSpec]:
                 values: list[object] = list(range(lo, hi + 1))
             else:
                 o = _option(name, k) if name in methods.names() and methods.get(name).drafts else None
-                values = [o.parse(v) if o is not None and o.type is str else parse_value(v)]
+                values = [o.parse(v) if o is not None and (o.type is str or o.parser) else parse_value(v)]
             variants = [[*base, (k, x)] for base in variants for x in values]
         for opts in variants:
             _check(name, opts, raw)

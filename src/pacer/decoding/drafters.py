@@ -114,12 +114,12 @@ class TokenDrafter(Drafter):
     """Drafts one token per draft forward (classic SD). ``vocab`` is the target's vocabulary size: draft logits are
     truncated or padded to it so that ``q`` and ``p`` live on the same support."""
 
-    def __init__(self, model: ModelBackend, vocab: int) -> None:
-        self.model = model
+    def __init__(self, backend: ModelBackend, vocab: int) -> None:
+        self.backend = backend
         self.vocab = vocab
 
     def reset(self) -> None:
-        self.model.reset()
+        self.backend.reset()
 
     def align(self, logits: torch.Tensor) -> torch.Tensor:
         v = logits.shape[-1]
@@ -132,9 +132,9 @@ class TokenDrafter(Drafter):
 
     def propose(self, tokens, policy, budget, sampling, gen) -> Draft:
         p = Proposal(policy, budget)
-        pending = tokens[self.model.length :]
+        pending = tokens[self.backend.length :]
         while p.ask():
-            logits, hidden = self.model.forward(pending, hidden=p.layers is not None, keep=1)
+            logits, hidden = self.backend.forward(pending, hidden=p.layers is not None, keep=1)
             p.forwards += 1
             q = warp(self.align(logits[-1]), sampling)
             x = pick(q, sampling, gen)
@@ -143,21 +143,22 @@ class TokenDrafter(Drafter):
         return p.draft()
 
     def rollback(self, keep: int) -> None:
-        self.model.crop(keep)
+        self.backend.crop(keep)
 
     def vocab_rows(self) -> torch.Tensor | None:
-        return self.model.rows
+        return self.backend.rows
 
     @torch.inference_mode()
     def agreement(self, prompt: list[int], reference: list[int]) -> list[bool]:
-        """One teacher-forced draft pass; with a reduced vocabulary the greedy token is the best of the kept rows
-        and the prompt's tokens (what the drafter would score, see :meth:`TransformersBackend.add_rows`)."""
+        """One teacher-forced forward of the draft backend over ``prompt + reference``, scored exactly as drafting
+        scores (a reduced vocabulary included); the cache is emptied afterwards (a generation starts anew)."""
         if not reference:
             return []
-        logits = self.align(self.model.score(prompt + reference[:-1])[len(prompt) - 1 :])
-        rows = self.model.rows
-        if rows is not None:
-            rows = torch.unique(torch.cat([rows, torch.tensor(prompt, dtype=torch.long)]))
-            rows = rows[rows < logits.shape[-1]]
-        pred = (rows[logits[:, rows].argmax(-1)] if rows is not None else logits.argmax(-1)).tolist()
+        self.backend.reset()
+        rows = [self.backend.forward(prompt, keep=1)[0]]  # the prompt first, as a generation feeds it
+        if len(reference) > 1:
+            rows.append(self.backend.forward(reference[:-1])[0])
+        self.backend.reset()
+        logits = torch.cat(rows)
+        pred = self.align(logits).argmax(-1).tolist()
         return [a == b for a, b in zip(pred, reference, strict=True)]

@@ -85,11 +85,11 @@ class TransformersBackend(ModelBackend):
     def _tree_kwargs(self, tree: Tree) -> dict:
         """The 4D float mask ``(1, 1, N, length + N)`` (0 where attended, ``-inf`` elsewhere) and position ids."""
         n = len(tree.depth)
-        allow = torch.ones(n, self.length + n, dtype=torch.bool)
-        allow[:, self.length :] = tree.attend
-        mask = torch.zeros(allow.shape, dtype=self.dtype).masked_fill_(~allow, float("-inf"))
+        allow = torch.ones(n, self.length + n, dtype=torch.bool, device=self.device)
+        allow[:, self.length :] = tree.attend.to(self.device)
+        mask = torch.zeros(allow.shape, dtype=self.dtype, device=self.device).masked_fill_(~allow, float("-inf"))
         return {"attention_mask": mask[None, None],
-                "position_ids": torch.tensor([[self.length + d for d in tree.depth]])}
+                "position_ids": torch.tensor([[self.length + d for d in tree.depth]], device=self.device)}
 
     @torch.inference_mode()
     def forward(self, ids: Sequence[int], *, keep: int = 0, hidden: bool = False,
@@ -101,7 +101,7 @@ class TransformersBackend(ModelBackend):
             return self._forward_restricted(ids, hidden, keep, kwargs)
         if keep:
             kwargs["logits_to_keep"] = keep
-        out = self.model(input_ids=torch.tensor([list(ids)], dtype=torch.long), cache=self.cache, use_cache=True,
+        out = self.model(input_ids=self._ids(ids), cache=self.cache, use_cache=True,
                          output_hidden_states=hidden, **kwargs)
         self.length += len(ids)
         hs = tuple(h[0] for h in out.hidden_states) if hidden else None
@@ -112,7 +112,7 @@ class TransformersBackend(ModelBackend):
         scattered into a ``-inf`` row of the full vocabulary (same shapes and hidden states as the full head)."""
         if self.length == 0:  # a new sequence: its prompt's tokens join the scored rows
             self.add_rows(ids)
-        out = self.model.get_decoder()(input_ids=torch.tensor([list(ids)], dtype=torch.long), cache=self.cache,
+        out = self.model.get_decoder()(input_ids=self._ids(ids), cache=self.cache,
                                        use_cache=True, output_hidden_states=hidden, **kwargs)
         self.length += len(ids)
         h = out.last_hidden_state[0]
@@ -120,7 +120,7 @@ class TransformersBackend(ModelBackend):
         sub = h @ self._w.T
         if self._b is not None:
             sub = sub + self._b
-        logits = torch.full((h.shape[0], self.vocab_size), float("-inf"))
+        logits = torch.full((h.shape[0], self.vocab_size), float("-inf"), device=h.device)
         logits[:, self.rows] = sub.float()
         if self._extra is not None:
             extra = h @ self._w_extra.T
@@ -135,4 +135,7 @@ class TransformersBackend(ModelBackend):
 
     @torch.inference_mode()
     def score(self, ids: Sequence[int]) -> torch.Tensor:
-        return self.model(input_ids=torch.tensor([list(ids)], dtype=torch.long)).logits[0].float()
+        return self.model(input_ids=self._ids(ids)).logits[0].float()
+
+    def _ids(self, ids: Sequence[int]) -> torch.Tensor:
+        return torch.tensor([list(ids)], dtype=torch.long, device=self.device)

@@ -42,19 +42,21 @@ def parse_bool(text: str) -> bool:
 @dataclass(frozen=True)
 class Option:
     """One option of a method. ``to``: ``"policy"`` or ``"drafter"`` (which factory reads it); ``type``: ``int``,
-    ``float``, ``bool`` or ``str``; ``minimum``: the smallest valid number; ``flag``: the command-line flag
-    (default ``--name-with-dashes``); ``explicit``: giving it asks for that literal rule (a threshold, a length),
-    so the cost-aware rule stays off unless asked for."""
+    ``float``, ``bool`` or ``str``; ``minimum`` / ``maximum``: the valid range of a number; ``flag``: the
+    command-line flag (default ``--name-with-dashes``); ``explicit``: giving it asks for that literal rule (a
+    threshold, a length), so the cost-aware rule stays off unless asked for."""
 
     name: str
     type: type
     help: str
     to: str = "policy"
     minimum: float | None = None
+    maximum: float | None = None
     flag: str = ""
     explicit: bool = False
-    #: text -> value where ``type`` cannot say it (``type`` is then ``object`` and the consumer checks the value)
+    #: text -> value where ``type`` cannot say it (``type`` is then ``object``, and ``validate`` checks a value)
     parser: Callable[[str], Any] | None = None
+    validate: Callable[[Any], Any] | None = None
 
     @property
     def cli_flag(self) -> str:
@@ -72,7 +74,7 @@ class Option:
     def check(self, value: Any, method: str) -> Any:
         """``value`` validated (a number within range, the right type), or a one-line error."""
         if self.type is object:
-            return value
+            return self.validate(value) if self.validate is not None else value
         ok = isinstance(value, self.type) and not (self.type is not bool and isinstance(value, bool))
         if self.type is float and isinstance(value, int) and not isinstance(value, bool):
             value, ok = float(value), True
@@ -82,6 +84,8 @@ class Option:
             raise PacerError(f"method '{method}': option {self.name} must be a number, got nan")
         if self.minimum is not None and value < self.minimum:
             raise PacerError(f"method '{method}': option {self.name} must be >= {self.minimum:g}, got {value}")
+        if self.maximum is not None and value > self.maximum:
+            raise PacerError(f"method '{method}': option {self.name} must be <= {self.maximum:g}, got {value}")
         return value
 
 
@@ -150,14 +154,35 @@ COMMON = (
 )
 #: the draft vocabulary, every drafting method (``Decoder.generate(options={"draft_vocab": ...})``): ``auto``, a
 #: number of most frequent tokens (0: the full vocabulary) or explicit ids; see :mod:`pacer.draftvocab`
-DRAFT_VOCAB = Option("draft_vocab", object, "draft from the S most frequent tokens and the prompt's (0: the full "
-                     "vocabulary; auto: the decoder's default)", to="drafter", parser=lambda t: _parse_vocab(t))
-
-
 def _parse_vocab(text: str):
     from ..draftvocab import parse
 
     return parse(text)
+
+
+def _check_vocab(value: Any) -> Any:
+    """``auto``, a number of tokens >= 0 or token ids (a sequence of ints)."""
+    if isinstance(value, str):
+        return _parse_vocab(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    try:
+        if not isinstance(value, (bool, int, float)) and all(int(i) == i for i in value):
+            return value
+    except (TypeError, ValueError):
+        pass
+    raise PacerError(f"draft_vocab must be auto, a number of tokens (0: the full vocabulary) or token ids, got "
+                     f"{value!r}")
+
+
+DRAFT_VOCAB = Option("draft_vocab", object, "draft from the S most frequent tokens and the prompt's (0: the full "
+                     "vocabulary; auto: the decoder's default)", to="drafter", parser=_parse_vocab,
+                     validate=_check_vocab)
+
+#: flags of the settings every generation has (a method option may not take one of them)
+RESERVED_FLAGS = ("--method", "--max-new-tokens", "--temperature", "--top-k", "--top-p", "--seed", "--stop", "--chat",
+                  "--json", "--target", "--draft", "--dtype", "--threads", "--draft-quant", "--quantize",
+                  "--draft-vocab", "--cost-aware", "--plot", "--help")
 
 _REGISTRY: dict[str, Method] = {}
 
@@ -169,10 +194,13 @@ def register(method: Method, replace: bool = False) -> Method:
     if method.name in _REGISTRY and not replace:
         raise PacerError(f"method '{method.name}' is already registered")
     names = {o.name for o in (*COMMON, DRAFT_VOCAB)}
+    flags = {*RESERVED_FLAGS, *(o.cli_flag for o in COMMON)}
     for o in method.options:
-        if o.name in names or o.to not in ("policy", "drafter"):
-            raise PacerError(f"method '{method.name}': option {o.name!r} clashes with a common option or has "
-                             f"no valid target")
+        if o.name in names or o.cli_flag in flags or o.to not in ("policy", "drafter"):
+            raise PacerError(f"method '{method.name}': option {o.name!r} clashes with a common option or setting "
+                             f"({o.cli_flag}) or has no valid target")
+        if o.to == "drafter" and method.drafter is None:
+            raise PacerError(f"method '{method.name}': drafter option {o.name!r} needs a drafter factory")
         other = next((x for m in _REGISTRY.values() for x in m.options if x.name == o.name), None)
         if other is not None and (other.type, other.cli_flag) != (o.type, o.cli_flag):
             raise PacerError(f"method '{method.name}': option {o.name!r} differs from another method's option of "

@@ -31,9 +31,12 @@ register(Method("sd", "speculative decoding with a fixed draft length γ", fixed
 register(Method("heuristic", "Hugging Face's schedule: γ += 2 after a fully accepted round, else γ -= 1", heuristic,
                 options=(Option("initial", int, "heuristic: initial draft length (default: gamma)", minimum=1,
                                 explicit=True),)))
-THRESHOLD = Option("threshold", float, "threshold of confidence / entropy / pacer / specdecpp (default: the "
-                   "cost-aware rule decides; else the rule's or checkpoint's own)", minimum=0.0, explicit=True)
+_THRESHOLD_HELP = ("threshold of confidence / pacer / specdecpp (a probability) or entropy (nats); default: the "
+                   "cost-aware rule decides, else the rule's or checkpoint's own")
+#: a probability threshold (confidence, pacer, specdecpp)
+THRESHOLD = Option("threshold", float, _THRESHOLD_HELP, minimum=0.0, maximum=1.0, explicit=True)
 register(Method("confidence", "stop once the draft's top probability falls below a threshold (llama.cpp p-min)",
                 lambda b: ConfidencePolicy(**b.bounds, **threshold_of(b)), options=(THRESHOLD,)))
 register(Method("entropy", "stop once the draft's entropy exceeds a threshold (AdaEDL-like)",
-                lambda b: EntropyPolicy(**b.bounds, **threshold_of(b)), options=(THRESHOLD,)))
+                lambda b: EntropyPolicy(**b.bounds, **threshold_of(b)),
+                options=(Option("threshold", float, _THRESHOLD_HELP, minimum=0.0, explicit=True),)))

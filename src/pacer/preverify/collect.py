@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from ..data.sharegpt import sharegpt_prompts
 from ..errors import PacerError
-from ..io import atomic_write_text
+from ..io import atomic_write_bytes, atomic_write_text
 from ..policies import DraftState, FixedPolicy, RoundResult
 from .features import FeatureSpec, RoundHistory, scalar_features
 
@@ -103,9 +103,7 @@ def collect(decoder, out_dir: Path, n_prompts: int, max_new_tokens: int = 48, sp
             bar.update(1)
         data = rec.take()
         name = f"shard-{len(manifest['shards']):05d}.safetensors"
-        tmp = out_dir / f".{name}.tmp"
-        save_file({k: v.contiguous() for k, v in data.items()}, str(tmp))
-        tmp.replace(out_dir / name)
+        atomic_write_bytes(out_dir / name, save({k: v.contiguous() for k, v in data.items()}))
         done = batch.stop
         manifest["shards"].append(name)
         manifest["prompts_done"] = done

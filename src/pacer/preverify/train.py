@@ -22,12 +22,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save
 from torch import nn
 
 from ..costs import Costs
 from ..errors import PacerError
-from ..io import atomic_write_text
+from ..io import atomic_write_bytes, atomic_write_text
 from .collect import load_dataset
 from .features import FeatureSpec
 from .layer import PreVerifier, TokenHead, param_count
@@ -280,9 +280,7 @@ def save_checkpoint(out: Path, kind: str, model: nn.Module, mu, sd, config: dict
     out.mkdir(parents=True, exist_ok=True)
     tensors = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
     tensors["norm.mean"], tensors["norm.std"] = mu.contiguous(), sd.contiguous()
-    tmp = out / ".weights.safetensors.tmp"
-    save_file(tensors, str(tmp))
-    tmp.replace(out / "weights.safetensors")
+    atomic_write_bytes(out / "weights.safetensors", save(tensors))
     import hashlib
 
     config = {**config, "kind": kind, "params": param_count(model),
