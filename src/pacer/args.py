@@ -28,8 +28,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="int8 weight-only draft (lossless: the draft only proposes); auto (default): where it "
                         "measures faster on this machine")
     g.add_argument("--quantize", choices=["none", "int8"], default="none",
-                   help="int8 weight-only target AND draft: a different, faster target (its own plain decoding is "
-                        "the baseline; outputs differ from the bf16 target's)")
+                   help="int8 weight-only target: a different, faster target (its own plain decoding is the "
+                        "baseline; outputs differ from the bf16 target's); the draft follows --draft-quant")
     g.add_argument("--draft-vocab", default="auto", metavar="S",
                    help="draft only from the S most frequent tokens and the prompt's (the draft's LM head shrinks; "
                         "lossless: the target still scores every token); 0 = the full vocabulary; auto (default): "
