@@ -55,9 +55,10 @@ def _dest(o: methods.Option) -> str:
     return "opt_" + o.name
 
 
-def add_decoding_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("decoding")
-    g.add_argument("--method", default="sd", help=f"one of: {', '.join(methods.names())}")
+def add_method_args(p: argparse.ArgumentParser, default: str = "sd") -> None:
+    """``--method``, the draft bounds every drafting method takes and one flag per registered method option."""
+    g = p.add_argument_group("method")
+    g.add_argument("--method", default=default, help=f"one of: {', '.join(methods.names())}")
     for o in methods.COMMON:
         if o.type is bool:
             continue  # --cost-aware below takes auto/on/off
@@ -65,6 +66,14 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cost-aware", choices=["auto", "on", "off"], default="auto",
                    help="draft a token only where it pays on this machine's measured costs (auto: unless --gamma "
                         "or --threshold is given)")
+    m = p.add_argument_group("method options (each method takes its own: see --method)")
+    for o in methods.all_options():
+        m.add_argument(o.cli_flag, dest=_dest(o), default=None, metavar=o.type.__name__.upper(), help=o.help)
+
+
+def add_decoding_args(p: argparse.ArgumentParser) -> None:
+    add_method_args(p)
+    g = p.add_argument_group("decoding")
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-k", type=int, default=0)
@@ -72,9 +81,6 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the target's chat template")
-    m = p.add_argument_group("method options (each method takes its own: see --method)")
-    for o in methods.all_options():
-        m.add_argument(o.cli_flag, dest=_dest(o), default=None, metavar=o.type.__name__.upper(), help=o.help)
 
 
 def method_options(args: argparse.Namespace) -> dict:

@@ -17,44 +17,8 @@ from .args import add_decoding_args, add_model_args, as_flags, check_args, cost_
 from .bench import cli as bench_cli
 from .errors import PacerError
 from .preverify import cli as preverify_cli
-
-
-class TextStreamer:
-    """Prints text as tokens are committed, holding back incomplete UTF-8 sequences and anything that may
-    begin a stop string; :meth:`finish` prints the rest, so the printed text equals the result's ``text``."""
-
-    def __init__(self, tokenizer, stop: Sequence[str] = (), stream=None) -> None:
-        self.tok = tokenizer
-        self.stop = [s for s in stop if s]
-        self.ids: list[int] = []
-        self.printed = 0
-        self.stream = stream  # None: sys.stdout at write time (so redirections made later are honoured)
-
-    def _write(self, text: str) -> None:
-        out = self.stream or sys.stdout
-        out.write(text)
-        out.flush()
-
-    def __call__(self, new: list[int]) -> None:
-        self.ids += new
-        text = self.tok.decode(self.ids, skip_special_tokens=True)
-        end = len(text)
-        for s in self.stop:
-            if s in text:
-                end = min(end, text.index(s))
-            else:  # hold back a suffix that may grow into this stop string
-                end = min(end, next((len(text) - j for j in range(len(s) - 1, 0, -1) if text.endswith(s[:j])),
-                                    len(text)))
-        while end > self.printed and text[end - 1] == "\ufffd":  # an incomplete UTF-8 sequence so far
-            end -= 1
-        if end > self.printed:
-            self._write(text[self.printed : end])
-            self.printed = end
-
-    def finish(self, text: str) -> None:
-        """Print what is still held back of the final ``text``."""
-        self._write(text[self.printed :])
-        self.printed = len(text)
+from .serve import cli as serve_cli
+from .streaming import TextStreamer
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -236,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_calibrate)
     bench_cli.register(sub)
     preverify_cli.register(sub)
+    serve_cli.register(sub)
     return ap
 
 

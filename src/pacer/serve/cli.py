@@ -1,0 +1,87 @@
+"""``pacer serve``: load a pair once and serve it over HTTP (OpenAI-compatible; see :mod:`pacer.serve`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .. import methods
+from ..args import add_method_args, add_model_args, as_flags, cost_aware, load_decoder, method_options
+from ..errors import PacerError
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "serve", help="serve the pair over HTTP: OpenAI-compatible completions and chat, streaming, /metrics",
+        description="An OpenAI-compatible server over one loaded pair (one decoding worker, a bounded queue). "
+                    "A request may choose its method: {\"pacer\": {\"method\": \"sd\", \"max_draft\": 8}}.")
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
+    g.add_argument("--port", type=int, default=8000)
+    g.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
+    g.add_argument("--served-model-name", default=None, help="the model id clients use (default: --target)")
+    g.add_argument("--queue-size", type=int, default=8, help="requests that may wait behind the running one; "
+                   "more get 429 with Retry-After")
+    g.add_argument("--request-timeout", type=float, default=600.0,
+                   help="seconds after which an unfinished request is ended at its next round (504)")
+    g.add_argument("--max-tokens", type=int, default=256, help="max_tokens of a request that gives none")
+    g.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='vLLM-style: \'{"method": "pacer", "num_speculative_tokens": 16}\' (the method and its '
+                        "upper bound on draft tokens per round; other keys are the method's options)")
+    add_method_args(p, default="auto")
+    add_model_args(p)
+    p.set_defaults(func=cmd_serve)
+
+
+def speculative_config(text: str | None) -> dict:
+    """``--speculative-config`` as ``{"method": ..., "max_draft": ..., <options>}``."""
+    if text is None:
+        return {}
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise PacerError(f"--speculative-config is not JSON ({e.msg})") from None
+    if not isinstance(cfg, dict):
+        raise PacerError("--speculative-config must be a JSON object, e.g. '{\"method\": \"pacer\", "
+                         "\"num_speculative_tokens\": 16}'")
+    cfg = dict(cfg)
+    if "num_speculative_tokens" in cfg:
+        cfg["max_draft"] = cfg.pop("num_speculative_tokens")
+    return cfg
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from ..api import check_request
+    from .protocol import Defaults
+
+    cfg = speculative_config(args.speculative_config)
+    method = cfg.pop("method", None) or args.method
+    if method == "auto":  # PACER with the shipped pre-verifier on the default pair, plain SD on other pairs
+        method = "pacer" if args.draft == "default-draft" else "sd"
+    bounds = {k: cfg.pop(k, getattr(args, k)) for k in ("gamma", "min_draft", "max_draft")}
+    aware = cfg.pop("cost_aware", cost_aware(args))
+    options = {**method_options(args), **cfg}
+    for name, lo, v in (("--port", 0, args.port), ("--queue-size", 0, args.queue_size), ("--max-tokens", 1,
+                                                                                         args.max_tokens)):
+        if v < lo:
+            raise PacerError(f"{name} must be >= {lo}, got {v}")
+    if not args.request_timeout > 0:
+        raise PacerError(f"--request-timeout must be > 0, got {args.request_timeout}")
+    try:
+        check_request(method, args.max_tokens, bounds["gamma"], bounds["min_draft"], bounds["max_draft"], None,
+                      options)
+    except PacerError as e:
+        raise PacerError(as_flags(str(e))) from None
+    import uvicorn
+
+    from .app import build_app
+
+    dec = load_decoder(args, args.draft if methods.get(method).drafts else None)
+    defaults = Defaults(method, bounds["gamma"], bounds["min_draft"], bounds["max_draft"], aware, options,
+                        args.max_tokens)
+    name = args.served_model_name or args.target
+    app = build_app(dec, defaults, name, args.queue_size, args.request_timeout, args.api_key)
+    print(f"pacer serve: {name} ({method}) on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=30)
+    return 0

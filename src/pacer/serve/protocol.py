@@ -1,0 +1,206 @@
+"""OpenAI request bodies -> :class:`Request`, and the response / chunk bodies.
+
+Fields read (others are ignored, as OpenAI's own servers ignore what they do not know): ``model``, ``prompt``
+(completions: a string, or a list holding one string or token ids) or ``messages`` (chat: ``role`` / ``content``
+strings, the last from the user), ``max_tokens`` (``max_completion_tokens`` for chat too), ``temperature``
+(OpenAI's default 1.0), ``top_p``, ``top_k``, ``seed`` (absent: a random one), ``stop`` (a string or a list),
+``stream``, ``stream_options.include_usage``, ``n`` (1 only), and the extension ``pacer``: ``{"method": ...,
+"gamma"/"min_draft"/"max_draft"/"cost_aware": ..., <the method's registered options>}``, defaulting to the server's
+configuration. Every problem is a :class:`BadRequest` (HTTP 400, OpenAI's error shape).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from ..api import check_request
+from ..errors import PacerError
+from ..sampling import SamplingConfig
+
+
+class BadRequest(Exception):
+    """A request the server refuses (``status``, OpenAI's error ``type``)."""
+
+    def __init__(self, message: str, status: int = 400, kind: str = "invalid_request_error",
+                 param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.kind, self.param = status, kind, param
+
+    def body(self) -> dict:
+        return error_body(str(self), self.kind, self.param)
+
+
+def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+
+
+@dataclass
+class Defaults:
+    """The server's configuration of a request's method (``--method``, ``--speculative-config``, option flags)."""
+
+    method: str = "sd"
+    gamma: int | None = None
+    min_draft: int | None = None
+    max_draft: int | None = None
+    cost_aware: bool | None = None
+    options: dict = field(default_factory=dict)
+    max_tokens: int = 256
+
+
+@dataclass
+class Request:
+    chat: bool
+    prompt: str | list[int]
+    history: list[dict]
+    max_tokens: int | None
+    sampling: SamplingConfig
+    stop: list[str]
+    stream: bool
+    include_usage: bool
+    method: str
+    gamma: int | None
+    min_draft: int | None
+    max_draft: int | None
+    cost_aware: bool | None
+    options: dict
+    model: str
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def _number(body: dict, key: str, kind: type, default, lo=None, hi=None):
+    v = body.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not float(v).is_integer()):
+        raise BadRequest(f"'{key}' must be a {'integer' if kind is int else 'number'}, got {v!r}", param=key)
+    v = kind(v)
+    if v != v or (lo is not None and v < lo) or (hi is not None and v > hi):
+        raise BadRequest(f"'{key}' is out of range: {v!r}", param=key)
+    return v
+
+
+def parse_body(raw: bytes) -> dict:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest("the request body is not UTF-8") from None
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BadRequest(f"the request body is not valid JSON ({e.msg} at position {e.pos})") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+def parse_request(body: dict, chat: bool, defaults: Defaults, model: str) -> Request:
+    """A checked :class:`Request` (the prompt's length is checked when it is tokenized)."""
+    if chat:
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            raise BadRequest("'messages' must be a non-empty list", param="messages")
+        for m in msgs:
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise BadRequest("each message needs a string 'role' and a string 'content'", param="messages")
+        if msgs[-1]["role"] != "user":
+            raise BadRequest("the last message must be the user's", param="messages")
+        prompt: str | list[int] = msgs[-1]["content"]
+        history = [{"role": m["role"], "content": m["content"]} for m in msgs[:-1]]
+    else:
+        prompt, history = body.get("prompt"), []
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        ok = isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in prompt))
+        if not ok:
+            raise BadRequest("'prompt' must be a string or a list of token ids (one prompt per request)",
+                             param="prompt")
+    if isinstance(prompt, str) and not prompt.strip():
+        raise BadRequest("the prompt is empty", param="messages" if chat else "prompt")
+    if _number(body, "n", int, 1) != 1:
+        raise BadRequest("'n' must be 1 (one completion per request)", param="n")
+    key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _number(body, key, int, None, lo=1)
+    seed = _number(body, "seed", int, None)
+    try:
+        sampling = SamplingConfig(_number(body, "temperature", float, 1.0), _number(body, "top_k", int, 0),
+                                  _number(body, "top_p", float, 1.0),
+                                  random.randrange(1 << 31) if seed is None else seed)
+    except PacerError as e:
+        raise BadRequest(str(e)) from None
+    stop = body.get("stop")
+    stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
+        raise BadRequest("'stop' must be a non-empty string or a list of up to 4 of them", param="stop")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("'stream' must be true or false", param="stream")
+    so = body.get("stream_options") or {}
+    include_usage = bool(so.get("include_usage")) if isinstance(so, dict) else False
+    ext = body.get("pacer") or {}
+    if not isinstance(ext, dict):
+        raise BadRequest("'pacer' must be an object: {\"method\": ..., options}", param="pacer")
+    ext = dict(ext)
+    method = ext.pop("method", defaults.method)
+    if not isinstance(method, str):
+        raise BadRequest("'pacer.method' must be a string", param="pacer.method")
+    given = {k: ext.pop(k) for k in ("gamma", "min_draft", "max_draft", "cost_aware") if k in ext}
+    same = method == defaults.method  # the server's options are for its own method
+    opts = {**(defaults.options if same else {}), **ext}
+    bounds = {k: given.get(k, getattr(defaults, k) if same else None) for k in ("gamma", "min_draft", "max_draft",
+                                                                                  "cost_aware")}
+    try:
+        if bounds["cost_aware"] is not None and not isinstance(bounds["cost_aware"], bool):
+            raise PacerError(f"cost_aware must be true or false, got {bounds['cost_aware']!r}")
+        for k in ("gamma", "min_draft", "max_draft"):
+            v = bounds[k]
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                raise PacerError(f"{k} must be an integer, got {v!r}")
+        check_request(method, max_tokens or 1, bounds["gamma"], bounds["min_draft"], bounds["max_draft"], sampling,
+                      opts)
+    except PacerError as e:
+        raise BadRequest(str(e), param="pacer") from None
+    return Request(chat, prompt, history, max_tokens, sampling, stop, stream, include_usage, method,
+                   bounds["gamma"], bounds["min_draft"], bounds["max_draft"], bounds["cost_aware"], opts,
+                   str(body.get("model") or model))
+
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
+
+
+def _choice(req: Request, text: str | None, finish: str | None, delta: bool) -> dict:
+    if req.chat:
+        key = "delta" if delta else "message"
+        content = {} if text is None else {"content": text}
+        if not delta:
+            content = {"role": "assistant", "content": text or ""}
+        return {"index": 0, key: content, "finish_reason": finish, "logprobs": None}
+    return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def response(req: Request, text: str, finish: str, use: dict, pacer: dict) -> dict:
+    return {"id": ("chatcmpl-" if req.chat else "cmpl-") + req.id,
+            "object": "chat.completion" if req.chat else "text_completion", "created": req.created,
+            "model": req.model, "choices": [_choice(req, text, finish, False)], "usage": use, "pacer": pacer}
+
+
+def chunk(req: Request, text: str | None, finish: str | None = None, use: dict | None = None,
+          pacer: dict | None = None, choices: bool = True) -> dict:
+    body = {"id": ("chatcmpl-" if req.chat else "cmpl-") + req.id,
+            "object": "chat.completion.chunk" if req.chat else "text_completion", "created": req.created,
+            "model": req.model, "choices": [_choice(req, text, finish, True)] if choices else []}
+    if use is not None:
+        body["usage"] = use
+    if pacer is not None:
+        body["pacer"] = pacer
+    return body

@@ -1,0 +1,274 @@
+"""``pacer serve``: a real server on a loopback port over a tiny pair, spoken to with the official ``openai``
+client and raw HTTP: streamed == non-streamed == ``Decoder.generate``; ``/metrics`` moves by exactly the
+per-request numbers; a bounded load test (every request answered in full or 429, none mixed); clients that vanish
+mid-stream; every bad request a 400 in OpenAI's error shape; the API key; the subcommand end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from conftest import FLAT
+from pacer import Decoder
+from pacer.tiny import save_tiny_pair, tiny_pair
+
+openai = pytest.importorskip("openai")
+
+PROMPTS = ["hello world, this is", "def f(x):\n    return", "The 3 quick brown foxes", "a b c d e"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """uvicorn in a thread, on a free loopback port; stops by itself at the end of the test module."""
+
+    def __init__(self, dec: Decoder, **kw) -> None:
+        import uvicorn
+
+        from pacer.serve.app import build_app
+        from pacer.serve.protocol import Defaults
+
+        self.app = build_app(dec, kw.pop("defaults", Defaults("sd", max_tokens=16)), "tiny", **kw)
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+    def metrics(self) -> dict[str, float]:
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(pacer:\S+?) (\S+)$", text, re.M)}
+
+
+@pytest.fixture(scope="module")
+def dec():
+    return Decoder(*tiny_pair("close"), threads=1, costs=FLAT)
+
+
+@pytest.fixture(scope="module")
+def server(dec):
+    s = Server(dec, queue_size=4)
+    yield s
+    s.stop()
+
+
+def client(server: Server, **kw):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60, **kw)
+
+
+def test_completions_streamed_equal_non_streamed_equal_generate(server, dec):
+    c = client(server)
+    for prompt in PROMPTS[:2]:
+        for method in ("sd", "entropy", "ouroboros", "ar"):
+            plain = c.completions.create(model="tiny", prompt=prompt, max_tokens=20, temperature=0,
+                                         extra_body={"pacer": {"method": method}})
+            pieces = [ch.choices[0].text for ch in c.completions.create(
+                model="tiny", prompt=prompt, max_tokens=20, temperature=0, stream=True,
+                extra_body={"pacer": {"method": method}}) if ch.choices]
+            ref = dec.generate(prompt, "ar", max_new_tokens=20)
+            assert plain.choices[0].text == "".join(pieces) == ref.text
+            assert len(pieces) > 2  # really streamed
+            assert plain.usage.completion_tokens == len(ref.token_ids)
+            assert plain.choices[0].finish_reason == ("length" if ref.stats.finish_reason == "length" else "stop")
+            assert plain.model_extra["pacer"]["method"] == method
+
+
+def test_chat_streamed_equal_non_streamed_equal_generate(server, dec):
+    c = client(server)
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"}, {"role": "user", "content": PROMPTS[2]}]
+    plain = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=16, temperature=0)
+    chunks = list(c.chat.completions.create(model="tiny", messages=msgs, max_tokens=16, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    ref = dec.generate(PROMPTS[2], "sd", max_new_tokens=16, chat=True, history=msgs[:-1])
+    assert plain.choices[0].message.content == text == ref.text
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens == len(ref.token_ids)
+    # seeded sampling is reproducible and the same streamed or not
+    a = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=12, temperature=0.8, seed=7)
+    b = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+        model="tiny", messages=msgs, max_tokens=12, temperature=0.8, seed=7, stream=True) if ch.choices)
+    assert a.choices[0].message.content == b
+
+
+def test_metrics_move_by_exactly_the_per_request_numbers(server):
+    c = client(server)
+    before = server.metrics()
+    got, tokens = [], 0
+    for i, prompt in enumerate(PROMPTS):
+        r = c.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0,
+                                 extra_body={"pacer": {"method": "sd", "gamma": 3 + i % 2}})
+        got.append(r.model_extra["pacer"])
+        tokens += r.usage.completion_tokens
+    after = server.metrics()
+
+    def delta(name):
+        return after.get(name, 0) - before.get(name, 0)
+
+    assert delta("pacer:spec_decode_num_drafts_total") == sum(m["num_drafts"] for m in got) > 0
+    assert delta("pacer:spec_decode_num_draft_tokens_total") == sum(m["num_draft_tokens"] for m in got)
+    assert delta("pacer:spec_decode_num_accepted_tokens_total") == sum(m["num_accepted_tokens"] for m in got) > 0
+    text = httpx.get(server.url + "/metrics").text
+    pos0 = sum(m["num_accepted_tokens_per_pos"][0] for m in got if m["num_accepted_tokens_per_pos"])
+    assert pos0 > 0 and re.search(r'^pacer:spec_decode_num_accepted_tokens_per_pos_total\{position="0"\} \d+$', text,
+                                  re.M)
+    assert delta("pacer:spec_decode_draft_length_count") == sum(m["target_calls"] for m in got)
+    assert delta("pacer:generation_tokens_total") == tokens > 0
+    assert all(m["mean_acceptance_length"] >= 1 and 0 <= m["acceptance_rate"] <= 1 for m in got)
+
+
+def test_bounded_load_every_request_answered_or_429(dec):
+    """32 clients x 4 requests against a queue of 2: each gets its own full answer or a 429, nothing else."""
+    expected = {p: dec.generate(p, "sd", max_new_tokens=8).text for p in PROMPTS}
+    s = Server(dec, queue_size=2)
+    try:
+        def one(i: int):
+            prompt = PROMPTS[i % len(PROMPTS)]
+            r = httpx.post(s.url + "/v1/completions", timeout=60,
+                           json={"prompt": prompt, "max_tokens": 8, "temperature": 0})
+            return prompt, r
+
+        with ThreadPoolExecutor(32) as pool:
+            results = list(pool.map(one, range(128)))
+        codes = [r.status_code for _, r in results]
+        assert set(codes) <= {200, 429} and codes.count(200) >= 3 and codes.count(429) > 0
+        for prompt, r in results:
+            if r.status_code == 200:
+                assert r.json()["choices"][0]["text"] == expected[prompt]
+            else:
+                assert r.headers["retry-after"] == "1" and r.json()["error"]["type"] == "rate_limit_exceeded"
+        m = s.metrics()
+        assert m['pacer:request_failure_total{reason="rejected"}'] == codes.count(429)
+        assert m["pacer:num_requests_running"] == 0 and m["pacer:num_requests_waiting"] == 0
+    finally:
+        s.stop()
+
+
+def test_clients_that_vanish_mid_stream_free_the_worker(dec):
+    s = Server(dec, queue_size=16)
+    try:
+        for _ in range(10):
+            with httpx.stream("POST", s.url + "/v1/completions", timeout=60,
+                              json={"prompt": PROMPTS[0], "max_tokens": 400, "temperature": 0, "stream": True}) as r:
+                next(r.iter_lines())  # the first chunk arrived: go away
+        deadline = time.monotonic() + 60
+        while s.metrics().get('pacer:request_failure_total{reason="cancelled"}', 0) < 10:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": PROMPTS[1], "max_tokens": 8, "temperature": 0},
+                       timeout=60)
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == dec.generate(PROMPTS[1], "sd",
+                                                                                       max_new_tokens=8).text
+        m = s.metrics()
+        # the ten vanished clients' generations (400 tokens asked each) were ended within a few rounds
+        assert m["pacer:generation_tokens_total"] - 8 < 200  # ~60 measured; one that ran on would add 400
+    finally:
+        s.stop()
+
+
+BAD = {
+    "malformed JSON": (b'{"prompt": "x",', "not valid JSON"),
+    "not UTF-8": (b'{"prompt": "\xff\xfe"}', "not UTF-8"),
+    "not an object": (b"[1, 2]", "JSON object"),
+    "no prompt": (b"{}", "'prompt'"),
+    "unknown method": (json.dumps({"prompt": "x", "pacer": {"method": "warp"}}).encode(), "unknown method 'warp'"),
+    "option it does not take": (json.dumps({"prompt": "x", "pacer": {"method": "sd", "ngram": 3}}).encode(),
+                                "takes no option 'ngram'"),
+    "negative temperature": (json.dumps({"prompt": "x", "temperature": -1}).encode(), "temperature"),
+    "top_p 0": (json.dumps({"prompt": "x", "top_p": 0}).encode(), "top_p"),
+    "max_tokens 0": (json.dumps({"prompt": "x", "max_tokens": 0}).encode(), "max_tokens"),
+    "n 2": (json.dumps({"prompt": "x", "n": 2}).encode(), "'n'"),
+    "oracle sampling": (json.dumps({"prompt": "x", "temperature": 1, "pacer": {"method": "oracle"}}).encode(),
+                        "greedy"),
+    "prompt too long": (json.dumps({"prompt": "x" * 600}).encode(), "context"),
+    "bad stop": (json.dumps({"prompt": "x", "stop": [""]}).encode(), "'stop'"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_requests_are_400_in_openai_shape(server, case):
+    raw, words = BAD[case]
+    before = server.metrics().get("pacer:spec_decode_draft_length_count", 0)
+    r = httpx.post(server.url + "/v1/completions", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert words in err["message"] and err["type"] == "invalid_request_error"
+    assert server.metrics().get("pacer:spec_decode_draft_length_count", 0) == before  # never reached the model
+
+
+def test_chat_needs_the_users_last_message(server):
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": [{"role": "assistant", "content": "x"}]})
+    assert r.status_code == 400 and "last message" in r.json()["error"]["message"]
+
+
+def test_api_key_is_checked_on_every_request(dec):
+    s = Server(dec, api_key="sesame")
+    try:
+        assert httpx.get(s.url + "/v1/models").status_code == 401
+        assert httpx.get(s.url + "/metrics", headers={"authorization": "Bearer nope"}).status_code == 401
+        ok = openai.OpenAI(base_url=s.url + "/v1", api_key="sesame", max_retries=0)
+        assert [m.id for m in ok.models.list()] == ["tiny"]
+        assert ok.completions.create(model="tiny", prompt="hi", max_tokens=3, temperature=0).usage.completion_tokens
+    finally:
+        s.stop()
+
+
+def test_pacer_serve_subcommand_end_to_end(tmp_path):
+    """``python -m pacer serve`` on a saved tiny pair: refuses a bad config before loading (exit 2, one line);
+    serves; stops cleanly on SIGTERM."""
+    t, d = save_tiny_pair(tmp_path)
+    base = [sys.executable, "-m", "pacer", "serve", "--target", str(t), "--draft", str(d), "--dtype", "float32",
+            "--threads", "1"]
+    bad = subprocess.run([*base, "--speculative-config", "{nope"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "pacer: error: --speculative-config is not JSON (Expecting property name enclosed in double quotes)"]
+    bad = subprocess.run([*base, "--speculative-config", '{"method": "sd", "num_speculative_tokens": 0}'],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--max-draft must be >= 1" in bad.stderr
+    port = free_port()
+    env = {**os.environ, "PACER_HOME": str(tmp_path / "home")}
+    p = subprocess.Popen([*base, "--port", str(port), "--speculative-config",
+                          '{"method": "sd", "num_speculative_tokens": 3}', "--cost-aware", "off", "--gamma", "3"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert p.poll() is None and time.monotonic() < deadline, p.stderr.read() if p.poll() is not None else ""
+            time.sleep(0.2)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
+                       json={"prompt": "hello", "max_tokens": 10, "temperature": 0})
+        assert r.status_code == 200 and max(r.json()["pacer"]["draft_lengths"]) == 3
+    finally:
+        p.send_signal(signal.SIGTERM)
+        code = p.wait(60)
+    # uvicorn shuts down gracefully, then re-raises the signal so the exit status says SIGTERM
+    assert code in (0, -signal.SIGTERM) and "Traceback" not in p.stderr.read()
