@@ -272,3 +272,16 @@ def test_pacer_serve_subcommand_end_to_end(tmp_path):
         code = p.wait(60)
     # uvicorn shuts down gracefully, then re-raises the signal so the exit status says SIGTERM
     assert code in (0, -signal.SIGTERM) and "Traceback" not in p.stderr.read()
+
+
+def test_a_request_past_its_timeout_is_ended_with_504(dec):
+    s = Server(dec, request_timeout=0.05)
+    try:
+        r = httpx.post(s.url + "/v1/completions", timeout=60,
+                       json={"prompt": PROMPTS[0], "max_tokens": 480, "temperature": 0})
+        assert r.status_code == 504 and r.json()["error"]["type"] == "timeout"
+        m = s.metrics()
+        assert m['pacer:request_failure_total{reason="timeout"}'] == 1
+        assert m["pacer:generation_tokens_total"] < 480  # ended at a round, not run to the end
+    finally:
+        s.stop()
