@@ -40,7 +40,9 @@ def make_parts(
 
 
 def files_under(p: Path) -> list[str]:
-    return sorted(str(f.relative_to(p)) for f in p.rglob("*") if f.is_file()) if p.exists() else []
+    """Files below ``p`` (without ``$PACER_HOME/.lock``, the lock every pacer process holds while it runs)."""
+    return sorted(str(f.relative_to(p)) for f in p.rglob("*") if f.is_file() and f.name != ".lock") \
+        if p.exists() else []
 
 
 # -------------------------------------------------------------------------------------------- assembly
@@ -245,3 +247,127 @@ def test_broken_files_give_a_pacer_error(tmp_path, monkeypatch):
     (broken / "config.json").write_text("{}")
     with pytest.raises(PacerError, match="cannot load a model"):
         load_model(str(broken), "float32")
+
+
+# ------------------------------------------------------------------------------------- verified caches
+def fake_dequantize(calls: list):
+    """Stands in for GGUF dequantization: saves the tiny target (what a conversion of a tiny GGUF would be)."""
+
+    def dequantize(gguf, out_dir, dtype):
+        calls.append(gguf)
+        t, _ = tiny_pair()
+        t.model.save_pretrained(out_dir)
+        t.tokenizer.save_pretrained(out_dir)
+
+    return dequantize
+
+
+def logits(lm) -> torch.Tensor:
+    with torch.no_grad():
+        return lm.model(input_ids=torch.tensor([[5, 6, 7, 8]])).logits
+
+
+def test_a_damaged_converted_cache_is_never_loaded(tmp_path, monkeypatch, capsys):
+    """Zeroed bytes of the same size, a truncated file, a lost manifest: each is found before loading, said in
+    one note, and the conversion is made again; nothing damaged reaches the model."""
+    monkeypatch.setenv("PACER_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(models, "SAMPLE_SIZE", 256)  # the tiny model's file is ~400 KB: sample it like a big one
+    calls: list = []
+    monkeypatch.setattr(models, "_dequantize", fake_dequantize(calls))
+    gguf = tmp_path / "tiny.gguf"
+    gguf.write_bytes(b"stands for a GGUF file")
+    ref = logits(load_model(str(gguf), "float32"))
+    assert len(calls) == 1
+    (cache,) = (tmp_path / "home" / "models").iterdir()
+    assert (cache / models.MANIFEST).exists() and models.check_manifest(cache, full=True) is None
+    load_model(str(gguf), "float32")
+    assert len(calls) == 1  # verified, not converted again
+    weights = cache / "model.safetensors"
+    size = weights.stat().st_size
+
+    def zero_middle():
+        with open(weights, "r+b") as f:
+            f.seek(size // 3)
+            f.write(bytes(size // 3))
+
+    for damage, n in ((zero_middle, 2), (lambda: os.truncate(weights, size - 1000), 3),
+                      (lambda: (cache / models.MANIFEST).unlink(), 4)):
+        damage()
+        capsys.readouterr()
+        lm = load_model(str(gguf), "float32")
+        assert len(calls) == n
+        assert "cannot be trusted" in capsys.readouterr().err
+        assert torch.equal(logits(lm), ref)
+
+
+def test_a_killed_conversion_leaves_nothing_behind_after_the_next_run(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    home = tmp_path / "home"
+    gguf = tmp_path / "tiny.gguf"
+    gguf.write_bytes(b"stands for a GGUF file")
+    child = f"""
+import os, signal
+from pathlib import Path
+import pacer.models as m
+def dequantize(gguf, out_dir, dtype):
+    (Path(out_dir) / "model.safetensors").write_bytes(b"half" * 1000)
+    os.kill(os.getpid(), signal.SIGKILL)
+m._dequantize = dequantize
+m.load_model({str(gguf)!r}, "float32")
+"""
+    r = subprocess.run([sys.executable, "-c", child], env={**os.environ, "PACER_HOME": str(home)}, timeout=300)
+    assert r.returncode == -9
+    leftovers = [p for p in (home / "models").iterdir() if p.name.endswith(".tmp")]
+    assert leftovers and not [p for p in (home / "models").iterdir() if not p.name.startswith(".")]
+    monkeypatch.setenv("PACER_HOME", str(home))
+    monkeypatch.setattr(models, "_dequantize", fake_dequantize([]))
+    load_model(str(gguf), "float32")
+    assert not list(home.rglob(".*.tmp"))
+
+
+def test_the_sweep_spares_a_live_process_temporaries(tmp_path):
+    import subprocess
+    import sys
+
+    home = tmp_path / "home"
+    home.mkdir()
+    live = home / "gguf" / ".x.gguf.123.tmp"
+    live.parent.mkdir()
+    live.write_bytes(b"being written")
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import sys, time
+from pathlib import Path
+import pacer.models as m
+m.sweep_stale(Path({str(home)!r}))
+print("ready", flush=True)
+sys.stdin.read()
+"""], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        live.write_bytes(b"being written")  # (the holder swept it when it started, alone then)
+        assert models.sweep_stale(home) == 0 and live.exists()  # another pacer process is alive
+    finally:
+        holder.stdin.close()
+        holder.wait(60)
+    assert models.sweep_stale(home) == 1 and not live.exists()
+
+
+def test_folder_fingerprint_hashes_the_weights_and_remembers(tmp_path, saved_pair, monkeypatch):
+    import shutil
+
+    monkeypatch.setenv("PACER_HOME", str(tmp_path / "home"))
+    copy = tmp_path / "copy"
+    shutil.copytree(saved_pair[0], copy)
+    a = models.folder_fingerprint(copy)
+    w = copy / "model.safetensors"
+    data = bytearray(w.read_bytes())
+    data[-10] ^= 0xFF  # same shapes, same size, other weights
+    w.write_bytes(bytes(data))
+    assert models.folder_fingerprint(copy) != a
+    hashed = []
+    real = models.sha256_file
+    monkeypatch.setattr(models, "sha256_file", lambda p, *k: hashed.append(p) or real(p, *k))
+    models.folder_fingerprint(copy)
+    assert hashed == []  # remembered by path, size and mtime

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -170,8 +171,8 @@ def _no_progress_bars():
             hf_logging.enable_progress_bar()
 
 
-def _convert_gguf(gguf: Path, out_dir: Path, dtype: torch.dtype) -> None:
-    """Dequantize a GGUF once and save it (and its tokenizer) as a safetensors folder, atomically."""
+def _dequantize(gguf: Path, out_dir: Path, dtype: torch.dtype) -> None:
+    """Dequantize a GGUF and save it (and its tokenizer) as a safetensors model folder in ``out_dir``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     try:
@@ -186,18 +187,131 @@ def _convert_gguf(gguf: Path, out_dir: Path, dtype: torch.dtype) -> None:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    del model
+
+
+def _convert_gguf(gguf: Path, out_dir: Path, dtype: torch.dtype) -> None:
+    """Dequantize a GGUF once into ``out_dir``: built in a temporary folder, its manifest written last, then
+    renamed into place (a killed conversion leaves only a temporary folder, which :func:`sweep_stale` removes)."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.", suffix=".tmp"))
     try:
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
+        _dequantize(gguf, tmp, dtype)
+        write_manifest(tmp)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    del model
+
+
+# ------------------------------------------------------------------------------------------- cache integrity
+MANIFEST = "pacer-manifest.json"
+#: blocks of every cached file hashed on each load (evenly spaced; the whole file when it is smaller)
+SAMPLE_BLOCKS, SAMPLE_SIZE = 64, 1 << 20
+
+
+def _sampled_sha256(path: Path, size: int) -> str:
+    """sha256 of ``SAMPLE_BLOCKS`` blocks of ``SAMPLE_SIZE`` bytes spread evenly over the file (all of it when
+    smaller): on a 3.5 GB bf16 model one read of 64 MiB, ~0.1 s, that catches a damaged range of more than one
+    stride (55 MB there) and every truncation."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        if size <= SAMPLE_BLOCKS * SAMPLE_SIZE:
+            while block := f.read(1 << 22):
+                h.update(block)
+        else:
+            stride = (size - SAMPLE_SIZE) // (SAMPLE_BLOCKS - 1)
+            for i in range(SAMPLE_BLOCKS):
+                f.seek(i * stride)
+                h.update(f.read(SAMPLE_SIZE))
+    return h.hexdigest()
+
+
+def write_manifest(folder: Path) -> None:
+    """List every file of a cache folder with its size, sha256 and sampled sha256 (written last, atomically)."""
+    files = {}
+    for f in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST):
+        size = f.stat().st_size
+        files[f.relative_to(folder).as_posix()] = {"size": size, "sha256": sha256_file(f),
+                                                   "sampled": _sampled_sha256(f, size)}
+    atomic_write_text(folder / MANIFEST, json.dumps({"format": "pacer-model-cache", "version": 1,
+                                                     "files": files}, indent=1) + "\n")
+
+
+def check_manifest(folder: Path, full: bool = False) -> str | None:
+    """``None`` when every file the manifest lists is there with its size and (sampled, or with ``full`` whole)
+    hash; else what is wrong, in a few words."""
+    try:
+        doc = json.loads((folder / MANIFEST).read_text())
+        files = doc["files"]
+        if doc.get("format") != "pacer-model-cache" or not isinstance(files, dict) or not files:
+            return "its manifest is not a pacer cache manifest"
+    except FileNotFoundError:
+        return "it has no manifest (made by an older pacer, or interrupted)"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "its manifest is unreadable"
+    for name, want in files.items():
+        f = folder / name
+        try:
+            size = f.stat().st_size
+        except OSError:
+            return f"{name} is missing"
+        if size != want.get("size"):
+            return f"{name} has {size} bytes, not {want.get('size')}"
+        got = sha256_file(f) if full else _sampled_sha256(f, size)
+        if got != want.get("sha256" if full else "sampled"):
+            return f"{name} does not match its hash"
+    return None
+
+
+def sweep_stale(home: Path | None = None) -> int:
+    """Remove the temporary ``.*.tmp`` files and folders that killed pacer processes left under ``home``; returns
+    how many. Every pacer process holds a shared lock on ``home/.lock`` while it runs; the sweep runs only when it
+    can take that lock exclusively (no other pacer process is alive, so none of the temporaries is live)."""
+    import fcntl
+
+    home = (home or pacer_home()).resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    if home not in _HOME_LOCKS:
+        _HOME_LOCKS[home] = open(home / ".lock", "a+")  # noqa: SIM115 - held (shared) for the process's life
+    f = _HOME_LOCKS[home]
+    removed = 0
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        pass  # another pacer process is running: its temporaries may be live
+    else:
+        for p in sorted(home.rglob(".*.tmp"), key=lambda p: -len(p.parts)):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+            removed += 1
+    finally:
+        fcntl.flock(f.fileno(), fcntl.LOCK_SH)
+    return removed
+
+
+#: the lock file of every ``$PACER_HOME`` this process used (a shared lock held while the process lives)
+_HOME_LOCKS: dict[Path, object] = {}
+
+
+def _cached_conversion(gguf: Path, cache_dir: Path, dtype: torch.dtype) -> None:
+    """Make sure ``cache_dir`` holds a verified conversion of ``gguf``: convert it when missing, convert it again
+    (with a note) when it fails its manifest check."""
+    if (cache_dir / "config.json").exists():
+        problem = check_manifest(cache_dir)
+        if problem is None:
+            return
+        import sys
+
+        print(f"pacer: note: the cached model {cache_dir} cannot be trusted ({problem}); converting it again",
+              file=sys.stderr)
+    _convert_gguf(gguf, cache_dir, dtype)
 
 
 def _load_folder(path: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, object]:
@@ -228,8 +342,9 @@ def load_model(
     if spec in DEFAULT_NAMES:
         g = DEFAULT_NAMES[spec]
         cache_dir = home / "models" / f"{g.name}-{dtype}"
-        if not (cache_dir / "config.json").exists():
-            _convert_gguf(assemble_gguf(g, home, progress), cache_dir, torch_dtype)
+        sweep_stale(home)
+        if check_manifest(cache_dir) is not None:
+            _cached_conversion(assemble_gguf(g, home, progress), cache_dir, torch_dtype)
         model, tok = _load_folder(cache_dir, torch_dtype)
         return LoadedModel(model, tok, spec, g.sha256, torch_dtype)
     path = Path(spec).expanduser()
@@ -240,10 +355,10 @@ def load_model(
     if path.is_file():
         if path.suffix != ".gguf":
             raise PacerError(f"'{spec}' is a file but not a .gguf; pass a model folder or a .gguf file")
-        digest = sha256_file(path)
+        digest = file_sha256(path, home)
         cache_dir = home / "models" / f"{path.stem}-{digest[:16]}-{dtype}"
-        if not (cache_dir / "config.json").exists():
-            _convert_gguf(path, cache_dir, torch_dtype)
+        sweep_stale(home)
+        _cached_conversion(path, cache_dir, torch_dtype)
         model, tok = _load_folder(cache_dir, torch_dtype)
         return LoadedModel(model, tok, str(path), digest, torch_dtype)
     if not (path / "config.json").exists():
@@ -251,18 +366,38 @@ def load_model(
             f"'{spec}' is a folder without config.json; pass a Hugging Face model folder or a .gguf file"
         )
     model, tok = _load_folder(path, torch_dtype)
-    return LoadedModel(model, tok, str(path), folder_fingerprint(path), torch_dtype)
+    return LoadedModel(model, tok, str(path), folder_fingerprint(path, home), torch_dtype)
 
 
-def folder_fingerprint(path: Path) -> str:
-    """sha256 over a model folder's config and weight files' names and sizes, plus the config text."""
+def file_sha256(path: Path, home: Path | None = None) -> str:
+    """sha256 of a file, remembered under ``$PACER_HOME/hashes`` by path, size and modification time (a changed
+    file is hashed again; an unreadable record is ignored)."""
+    st = path.stat()
+    key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:24]
+    rec = (home or pacer_home()) / "hashes" / f"{key}.json"
+    stamp = {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    try:
+        doc = json.loads(rec.read_text())
+        if {k: doc.get(k) for k in stamp} == stamp and isinstance(doc.get("sha256"), str):
+            return doc["sha256"]
+    except (OSError, ValueError, AttributeError):
+        pass
+    digest = sha256_file(path)
+    try:
+        atomic_write_text(rec, json.dumps({**stamp, "sha256": digest}) + "\n")
+    except OSError:
+        pass  # a read-only home: hash again next time
+    return digest
+
+
+def folder_fingerprint(path: Path, home: Path | None = None) -> str:
+    """sha256 over a model folder's config and weight files: their names and contents (each file's hash is
+    remembered by path, size and mtime, see :func:`file_sha256`), so two weight sets of one shape differ."""
     h = hashlib.sha256()
     for f in sorted(path.iterdir()):
         if f.suffix in {".safetensors", ".bin", ".json"} and f.is_file():
             h.update(f.name.encode())
-            h.update(str(f.stat().st_size).encode())
-            if f.name == "config.json":
-                h.update(f.read_bytes())
+            h.update(file_sha256(f, home).encode())
     return h.hexdigest()
 
 
