@@ -187,6 +187,8 @@ def test_packaged_datasets_load(name):
     else:
         assert picked == qs[:8]
     assert all(q.chat for q in qs) == (name != "humaneval")
+    if name == "gsm8k":
+        assert {q.category for q in qs} == {"math_reasoning"}  # Spec-Bench's name of the task
 
 
 # ------------------------------------------------------------------------------------------ answers file
@@ -318,7 +320,7 @@ def test_quick_end_to_end_and_resume(tmp_path, capsys):
     recs, _ = rec_io.read_answers(out / "answers.jsonl")
     assert len(recs) == 3 * 6
     hf = next(r for r in recs if r["method"] == "hf-assisted")["choices"][0]
-    assert hf["target_calls"][0] == len(hf["accept_lengths"][0]) > 0  # hook count == rounds seen
+    assert hf["target_calls"][0] == len(hf["accept_lengths_per_turn"][0]) > 0  # hook count == rounds seen
     assert all(r["lossless"] for r in recs if r["method"] != "ar")
     report = (out / "report.md").read_text()
     assert "git commit:" in report and "pacer bench --methods" in report and "| oracle |" in report
@@ -419,3 +421,57 @@ def test_recheck_lossless_rediagnoses_recorded_differences(tmp_path, capsys, mon
 def test_recheck_lossless_needs_a_run(tmp_path, capsys):
     assert main(["bench", "--recheck-lossless", "--out", str(tmp_path)]) == 2
     assert "holds no finished benchmark run" in capsys.readouterr().err
+
+
+def test_records_are_spec_bench_answers_and_resume_checks_the_questions(tmp_path, capsys, monkeypatch):
+    """accept_lengths of a record: one flat list (Spec-Bench's shape) equal to the loop's own rounds + 1; the
+    per-method export runs through a faithful copy of Spec-Bench's speed.py arithmetic; --resume refuses
+    questions whose text changed and a folder without run.json."""
+    import numpy as np
+
+    from pacer import Decoder
+    from pacer.tiny import tiny_pair
+
+    out = tmp_path / "bench"
+    argv = ["bench", "--quick", "--n", "4", "--max-new-tokens", "8", "--no-progress", "--out", str(out),
+            "--methods", "ar,sd:gamma=3"]
+    assert main(argv) == 0
+    recs, _ = rec_io.read_answers(out / "answers.jsonl")
+    dec = Decoder(*tiny_pair("close"), threads=1)
+    for r in (r for r in recs if r["method"] == "sd:gamma=3"):
+        c = r["choices"][0]
+        assert c["accept_lengths"] == [a for t in c["accept_lengths_per_turn"] for a in t]
+        q = next(q for q in data.QUICK_QUESTIONS if q.question_id == r["question_id"])
+        st = dec.generate(dec.encode(q.turns[0], chat=q.chat), "sd", 8, gamma=3).stats
+        assert c["accept_lengths_per_turn"][0] == [n + 1 for n in st.accepted_counts]
+        assert c["draft_lengths"][0] == st.draft_lengths
+    from pacer.bench.specbench import export
+
+    files = {p.name: p for p in export(recs, tmp_path / "sb")}
+    assert main(["bench", "--out", str(out), "--export-specbench", str(tmp_path / "sb2")]) == 0
+    assert sorted(p.name for p in (tmp_path / "sb2").iterdir()) == sorted(files) == ["ar.jsonl", "sd_gamma=3.jsonl"]
+
+    def speed_py(path, base, tokenizer):  # Spec-Bench evaluation/speed.py's arithmetic, task "overall"
+        rows = [json.loads(x) for x in path.read_text().splitlines()]
+        speeds = [sum(d["choices"][0]["new_tokens"]) / sum(d["choices"][0]["wall_time"]) for d in rows]
+        accept = [a for d in rows for a in d["choices"][0]["accept_lengths"]]
+        rows0 = [json.loads(x) for x in base.read_text().splitlines()]
+        speeds0 = [sum(len(tokenizer(t).input_ids) - 1 for t in d["choices"][0]["turns"])
+                   / sum(d["choices"][0]["wall_time"]) for d in rows0]
+        return float(np.mean(accept)), float(np.mean(speeds) / np.mean(speeds0))
+
+    tau, speedup = speed_py(files["sd_gamma=3.jsonl"], files["ar.jsonl"], dec.tokenizer)
+    summary = json.loads((out / "summary.json").read_text())
+    assert tau == pytest.approx(summary["groups"]["overall"]["sd:gamma=3"]["tau"]) and speedup > 0
+    assert json.loads(files["ar.jsonl"].read_text().splitlines()[0])["category"] in {"coding", "math", "writing"}
+    # resuming after a question's text changed is refused; so is a folder without run.json
+    changed = tuple(data.Question(q.dataset, q.question_id, q.category, (q.turns[0] + " Be brief.", *q.turns[1:]),
+                                  q.chat) for q in data.QUICK_QUESTIONS)
+    monkeypatch.setattr(data, "QUICK_QUESTIONS", changed)
+    capsys.readouterr()
+    assert main([*argv, "--resume"]) == 2
+    assert "is not the one answered" in capsys.readouterr().err
+    monkeypatch.undo()
+    (out / "run.json").unlink()
+    assert main([*argv, "--resume"]) == 2
+    assert "no run.json" in capsys.readouterr().err

@@ -50,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, required=True, help="output folder")
     p.add_argument("--resume", action="store_true", help="continue a run in --out, skipping finished records")
     p.add_argument("--report-only", action="store_true", help="rebuild the report from --out without models")
+    p.add_argument("--export-specbench", type=Path, default=None, metavar="DIR",
+                   help="write --out's answers as Spec-Bench answer files, one per method (DIR/METHOD.jsonl; "
+                        "run_N/ folders for several repeats), for Spec-Bench's evaluation/speed.py; no models")
     p.add_argument("--recheck-lossless", action="store_true",
                    help="re-diagnose every output in --out that differs from ar with the current near-tie criterion "
                         "(loads the run's target, rebuilds its questions from run.json; no timing is redone), "
@@ -180,6 +183,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .methods import parse_methods
 
     out: Path = args.out
+    if args.export_specbench is not None:
+        from . import records as rec_io
+        from .specbench import export
+
+        if not (out / "answers.jsonl").exists():
+            raise PacerError(f"--export-specbench: {out / 'answers.jsonl'} does not exist")
+        files = export(rec_io.read_answers(out / "answers.jsonl")[0], args.export_specbench)
+        print(f"pacer bench: {len(files)} Spec-Bench answer file(s) in {args.export_specbench}")
+        return 0
     if args.report_only:
         meta = _read_meta(out)
         if not (out / "answers.jsonl").exists():
@@ -200,6 +212,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if (previous or has_answers) and not args.resume:
         raise PacerError(f"--out {out} already holds a benchmark run; pass --resume to continue it, "
                          f"or choose another folder")
+    if has_answers and not previous:
+        raise PacerError(f"--resume: {out} has answers but no run.json (not a pacer bench run, or damaged): its "
+                         f"settings cannot be checked; use another --out")
     out.mkdir(parents=True, exist_ok=True)
     lock = _lock(out)
     try:

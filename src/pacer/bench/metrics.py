@@ -32,11 +32,21 @@ def record_tokens_per_s(rec: dict) -> float:
     return sum(c["new_tokens"]) / wall if wall > 0 else 0.0
 
 
+def per_turn_accept_lengths(rec: dict) -> list[list[int]]:
+    """A record's ``accept_lengths`` per turn: ``accept_lengths_per_turn``, or (records written before the flat
+    Spec-Bench list) ``accept_lengths`` when it holds one list per turn."""
+    c = turns(rec)
+    if "accept_lengths_per_turn" in c:
+        return c["accept_lengths_per_turn"]
+    acc = c["accept_lengths"]
+    return acc if all(isinstance(t, list) for t in acc) else [acc]
+
+
 def rounds_of(rec: dict) -> tuple[list[int], list[int]]:
     """Flattened ``(accept_lengths, draft_lengths)`` over the record's turns."""
-    c = turns(rec)
-    acc = [a for t in c["accept_lengths"] for a in t]
-    dl = [g for t in c.get("draft_lengths", [[0] * len(x) for x in c["accept_lengths"]]) for g in t]
+    per_turn = per_turn_accept_lengths(rec)
+    acc = [a for t in per_turn for a in t]
+    dl = [g for t in turns(rec).get("draft_lengths", [[0] * len(x) for x in per_turn]) for g in t]
     return acc, dl
 
 

@@ -8,6 +8,8 @@ runs all turns of a question in a row (the second turn sees that method's own fi
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import sys
 import time
@@ -100,10 +102,16 @@ def check_lossless(dec, outs: list[TurnOut], ar_ids: list[list[int]]) -> tuple[b
     return True, None
 
 
+def question_sha256(q: Question) -> str:
+    """What a record answered: the exact turns and whether they went through the chat template."""
+    return hashlib.sha256(json.dumps({"turns": list(q.turns), "chat": q.chat}).encode()).hexdigest()
+
+
 def make_record(q: Question, spec: MethodSpec, repeat: int, outs: list[TurnOut]) -> dict:
     """One answer in Spec-Bench's shape (``choices[0]`` holds per-turn lists) plus our extra fields."""
     return {
         "question_id": q.question_id,
+        "question_sha256": question_sha256(q),
         "category": q.category,
         "dataset": q.dataset,
         "answer_id": f"{spec.label}/{q.key}/{repeat}",
@@ -117,7 +125,9 @@ def make_record(q: Question, spec: MethodSpec, repeat: int, outs: list[TurnOut])
             "decoding_steps": [o.target_calls for o in outs],
             "new_tokens": [len(o.token_ids) for o in outs],
             "wall_time": [round(o.wall_time, 6) for o in outs],
-            "accept_lengths": [o.accept_lengths for o in outs],
+            # Spec-Bench's shape: one flat list over the turns (its evaluation/speed.py averages it)
+            "accept_lengths": [a for o in outs for a in o.accept_lengths],
+            "accept_lengths_per_turn": [o.accept_lengths for o in outs],
             "draft_lengths": [o.draft_lengths for o in outs],
             "target_calls": [o.target_calls for o in outs],
             "draft_forwards": [o.draft_forwards for o in outs],
@@ -174,6 +184,12 @@ class Bench:
         self.progress = progress
         self.records = rec_io.repair(self.path)
         self.done = {rec_io.record_key(r): r for r in self.records}
+        want = {(q.dataset, q.question_id): question_sha256(q) for q in questions}
+        for r in self.records:  # records made before question_sha256 existed cannot be checked
+            k, h = (str(r["dataset"]), str(r["question_id"])), r.get("question_sha256")
+            if h is not None and k in want and h != want[k]:
+                raise PacerError(f"--resume: question {k[0]}/{k[1]} is not the one answered in {self.path} (its "
+                                 f"text or chat form changed); use another --out")
         self.flagged = 0
 
     def key(self, q: Question, spec: MethodSpec, repeat: int) -> tuple[str, str, str, int]:
