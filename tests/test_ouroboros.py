@@ -276,7 +276,7 @@ def test_pool_save_load_atomic(tmp_path, close):
     d2 = drafter(close, warm_start=False, pool_file=path)
     assert set(d2.pool.entries) == set(d.pool.entries)
     res = close.generate(PROMPTS[0], "ouroboros", max_new_tokens=20, drafter=d2)
-    assert res.extra["drafter"]["phrase_hits_by_source"].get("warm", 0) >= 0
+    assert res.extra["drafter"]["phrase_hits_by_source"].get("warm", 0) > 0  # the loaded entries were used
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"format": "pacer-phrase-pool", "vocab": 3, "entries": []}))
     with pytest.raises(PacerError, match="another vocabulary"):

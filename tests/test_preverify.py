@@ -53,8 +53,10 @@ def test_training_on_separable_features_reaches_high_auc(tmp_path):
     cfg = train(data, tmp_path / "ckpt", "pacer", block=2, epochs=15, seed=0, d=32, log=None)
     assert cfg["validation"]["auc"] >= 0.9, cfg["validation"]
     assert cfg["params"] == param_count(load_checkpoint(tmp_path / "ckpt")[0])
-    # the chosen threshold is the sweep's best under the cost model
-    assert cfg["validation"]["predicted_speedup"] == max(r["predicted_speedup"] for r in cfg["sweep"])
+    # under the cost model the chosen threshold gains over plain decoding, and no length policy beats the oracle
+    v = cfg["validation"]
+    assert 1.0 < v["predicted_speedup"] <= v["oracle_predicted_speedup"] + 1e-9
+    assert v["predicted_speedup"] >= 0.97 * v["best_fixed_predicted_speedup"]
     head = train(data, tmp_path / "spp", "specdecpp", epochs=15, seed=0, d=32, log=None)
     assert head["validation"]["auc"] >= 0.9, head["validation"]
 

@@ -218,14 +218,35 @@ def _decoder(draft: str) -> Decoder:
     return dec
 
 
+def reference_warp(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
+    """Temperature, then top-k, then top-p (the smallest most-likely set whose mass reaches p), in float64 numpy,
+    written from the definitions and independent of :func:`pacer.sampling.warp` (which it checks)."""
+    z = np.asarray(logits, dtype=np.float64) / cfg.temperature
+    keep = np.ones_like(z, dtype=bool)
+    if cfg.top_k:
+        keep &= z >= np.sort(z, axis=-1)[..., -cfg.top_k, None]
+    p = np.where(keep, np.exp(z - z.max(-1, keepdims=True)), 0.0)
+    p /= p.sum(-1, keepdims=True)
+    if cfg.top_p < 1.0:
+        out = np.zeros_like(p)
+        for row, q in zip(out.reshape(-1, p.shape[-1]), p.reshape(-1, p.shape[-1]), strict=True):
+            mass = 0.0
+            for i in np.argsort(-q, kind="stable"):
+                if mass >= cfg.top_p or q[i] == 0:
+                    break
+                row[i], mass = q[i], mass + q[i]
+        p = out / out.sum(-1, keepdims=True)
+    return p
+
+
 @torch.inference_mode()
 def exact_joint(model: torch.nn.Module, prompt: list[int], cfg: SamplingConfig) -> np.ndarray:
-    """``p(x1) * p(x2 | x1)`` under ``warp`` with ``cfg``, from target forwards."""
+    """``p(x1) * p(x2 | x1)`` of the warped target, from target forwards (warped by :func:`reference_warp`)."""
     ids = torch.tensor([prompt + [a] for a in range(SMALL_VOCAB)])
-    logits = model(input_ids=ids).logits  # [V, len + 1, V]
-    p1 = warp(logits[0, -2], cfg).double()
-    p2 = warp(logits[:, -1], cfg).double()
-    return (p1[:, None] * p2).numpy()
+    logits = model(input_ids=ids).logits.double().numpy()  # [V, len + 1, V]
+    p1 = reference_warp(logits[0, -2], cfg)
+    p2 = reference_warp(logits[:, -1], cfg)
+    return p1[:, None] * p2
 
 
 E2E = [
@@ -341,3 +362,10 @@ def test_sampling_config_validation():
         with pytest.raises(PacerError):
             SamplingConfig(**kwargs)
     assert SamplingConfig().greedy and not SamplingConfig(temperature=0.7).greedy
+
+
+@pytest.mark.parametrize("cfg", [SamplingConfig(1.0), SamplingConfig(0.7, top_k=5), SamplingConfig(1.3, top_p=0.6),
+                                 SamplingConfig(0.9, top_k=8, top_p=0.8)], ids=str)
+def test_warp_matches_the_definitions(cfg):
+    logits = torch.randn(6, 40, generator=torch.Generator().manual_seed(3)) * 3
+    np.testing.assert_allclose(warp(logits, cfg).double().numpy(), reference_warp(logits.numpy(), cfg), atol=1e-6)
