@@ -86,11 +86,12 @@ def test_auc_and_cost_model_arithmetic():
 def test_collect_then_train_then_load_on_tiny_models(tmp_path, close, monkeypatch):
     import pacer.preverify.collect as col
 
-    monkeypatch.setattr(col, "sharegpt_prompts", lambda limit=4000: [f"question {i}: say something" for i in
-                                                                      range(12)])
+    # a prompt longer than the tiny model's 512-token context is skipped and counted, not fatal
+    prompts = [p for i in range(12) for p in (f"question {i}: say something", f"far too long {i} " * 100)]
+    monkeypatch.setattr(col, "sharegpt_prompts", lambda limit=4000: list(prompts))
     spec = FeatureSpec((-2, -1), 64, 6)
     m = collect(close, tmp_path / "data", n_prompts=4, max_new_tokens=12, spec=spec, shard_size=2, progress=False)
-    assert m["prompts_done"] == 4 and len(m["shards"]) == 2 and m["tokens"] > 0
+    assert m["prompts_done"] == 4 and len(m["shards"]) == 2 and m["tokens"] > 0 and m["prompts_skipped"] >= 1
     # resumable: asking for more prompts continues where it stopped, same settings
     m2 = collect(close, tmp_path / "data", n_prompts=6, max_new_tokens=12, spec=spec, shard_size=2, progress=False)
     assert m2["prompts_done"] == 6 and len(m2["shards"]) == 3
@@ -108,7 +109,8 @@ def test_collect_then_train_then_load_on_tiny_models(tmp_path, close, monkeypatc
     manifest["costs"] = COSTS.to_dict()
     (tmp_path / "data" / "manifest.json").write_text(json.dumps(manifest))
     cfg = train(tmp_path / "data", tmp_path / "ckpt", "pacer", block=2, epochs=2, log=None)
-    pol = make_learned_policy("pacer", tmp_path / "ckpt", close.draft_info.fingerprint, {}, {})
+    pol = make_learned_policy("pacer", tmp_path / "ckpt", close.draft_info.fingerprint, {}, {},
+                              close.draft_info.model.config)
     ids = close.encode("hello world")
     ar = close.generate(ids, "ar", max_new_tokens=30)
     res = close.generate(ids, "pacer", max_new_tokens=30, policy=pol)
@@ -236,3 +238,25 @@ def test_retune_rechooses_the_threshold_for_new_costs(tmp_path):
     assert held["threshold"] <= before["threshold"] and held["costs"]["draft"] == pytest.approx(cheap.draft)
     on_disk = json.loads((tmp_path / "ckpt" / "config.json").read_text())
     assert on_disk["threshold"] == held["threshold"] and on_disk["tuned"] == held["tuned"]
+
+
+def test_damaged_manifests_and_features_that_do_not_fit_are_one_line_errors(tmp_path, close):
+    import copy
+
+    from pacer.preverify.policy import load_checkpoint
+
+    data = synthetic_collection(tmp_path / "data", rounds=60)
+    (data / "manifest.json").write_text('{"shards": [')
+    with pytest.raises(PacerError, match="manifest.json is damaged"):
+        load_dataset(data)
+    with pytest.raises(PacerError, match="manifest.json is damaged"):
+        collect(close, data, n_prompts=1, progress=False)
+    cfg = close.draft_info.model.config
+    with pytest.raises(PacerError, match=r"hidden layer\(s\) \[-13\] do not exist"):
+        FeatureSpec((-13, -1), 64, 6).check_fits(cfg.num_hidden_layers, cfg.hidden_size)
+    data = synthetic_collection(tmp_path / "data2", rounds=60)
+    train(data, tmp_path / "ckpt", "pacer", block=2, epochs=1, seed=0, d=16, log=None)
+    small = copy.deepcopy(cfg)
+    small.hidden_size = 32
+    with pytest.raises(PacerError, match="do not fit this draft"):
+        load_checkpoint(tmp_path / "ckpt", None, small)

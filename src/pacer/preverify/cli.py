@@ -39,7 +39,9 @@ def cmd_collect(args) -> int:
     if args.n <= 0 or args.max_new_tokens <= 0 or args.max_draft <= 0:
         raise PacerError("--n, --max-new-tokens and --max-draft must be >= 1")
     dec = load_decoder(args)
-    spec = FeatureSpec(args.layers, int(dec.draft_info.model.config.hidden_size), args.max_draft)
+    cfg = dec.draft_info.model.config
+    spec = FeatureSpec(args.layers, int(cfg.hidden_size), args.max_draft)
+    spec.check_fits(int(cfg.num_hidden_layers), int(cfg.hidden_size), f"the draft {args.draft}")
     manifest = collect(dec, Path(args.out), args.n, args.max_new_tokens, spec, args.seed, args.shard_size,
                        args.skip)
     if "costs" not in manifest:

@@ -82,14 +82,16 @@ def collect(decoder, out_dir: Path, n_prompts: int, max_new_tokens: int = 48, sp
              "feature_spec": spec.to_dict(), "seed": seed, "max_new_tokens": max_new_tokens,
              "source": "sharegpt first turns, chat template", "skip": skip}
     if manifest_path.exists():
-        manifest = json.loads(manifest_path.read_text())
+        manifest = read_manifest(manifest_path)
         if any(manifest.get(k) != v for k, v in ident.items()):
             raise PacerError(f"{out_dir} holds data collected with other settings or models; use a new --out folder")
     else:
         manifest = {**ident, "shards": [], "prompts_done": 0, "tokens": 0, "rounds": 0, "seconds": 0.0}
     rows = decoder.draft_rows(decoder.draft_vocab)  # the draft's vocabulary changes its features: say which
     manifest.setdefault("draft_vocab", 0 if rows is None else len(rows))
-    prompts = load_prompts(decoder, n_prompts, seed, skip)
+    room = decoder.target.context - max_new_tokens - spec.max_draft - 2  # the prompt plus a full answer must fit
+    prompts, skipped = load_prompts(decoder, n_prompts, seed, skip, min(384, room))
+    manifest["prompts_skipped"] = skipped
     rec = Recorder(spec=spec)
     rec.round_id = manifest["rounds"]  # round ids stay unique across resumed runs
     done = manifest["prompts_done"]
@@ -115,18 +117,37 @@ def collect(decoder, out_dir: Path, n_prompts: int, max_new_tokens: int = 48, sp
     return manifest
 
 
-def load_prompts(decoder, n: int, seed: int, skip: int = 0, max_prompt_tokens: int = 384) -> list[list[int]]:
-    """A seeded choice of ShareGPT first turns that fit, as chat-templated token ids."""
+def read_manifest(path: Path) -> dict:
+    """A collection's ``manifest.json``, or a one-line error saying what to do."""
+    try:
+        manifest = json.loads(path.read_text())
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), list):
+            raise ValueError("not a collection manifest")
+    except (OSError, ValueError) as e:
+        raise PacerError(f"{path} is damaged ({e}); delete the collection folder and collect again, or restore "
+                         f"the file") from None
+    return manifest
+
+
+def load_prompts(decoder, n: int, seed: int, skip: int = 0,
+                 max_prompt_tokens: int = 384) -> tuple[list[list[int]], int]:
+    """A seeded choice of ShareGPT first turns that fit (``8..max_prompt_tokens`` tokens), as chat-templated
+    token ids, and how many were skipped for not fitting."""
     texts = sharegpt_prompts()
     random.Random(seed).shuffle(texts)
-    out = []
+    out, skipped = [], 0
     for t in texts[skip:]:
-        ids = decoder.encode(t, chat=True)
+        try:
+            ids = decoder.encode(t, chat=True)
+        except PacerError:  # longer than the model's context (or empty): not a prompt this pair can take
+            ids = []
         if 8 <= len(ids) <= max_prompt_tokens:
             out.append(ids)
+        else:
+            skipped += 1
         if len(out) >= n:
             break
-    return out
+    return out, skipped
 
 
 def load_dataset(folder: Path | str) -> tuple[dict[str, torch.Tensor], dict]:
@@ -141,7 +162,7 @@ def load_dataset(folder: Path | str) -> tuple[dict[str, torch.Tensor], dict]:
         mpath = f / "manifest.json"
         if not mpath.exists():
             raise PacerError(f"{f} has no manifest.json; run `pacer collect --out {f}` first")
-        manifest = json.loads(mpath.read_text())
+        manifest = read_manifest(mpath)
         parts = [load_file(str(f / s)) for s in manifest["shards"]]
         if not parts:
             raise PacerError(f"{f} holds no data shards yet")

@@ -47,6 +47,19 @@ class FeatureSpec:
         d["scalar_names"] = list(self.scalar_names)
         return d
 
+    def check_fits(self, layers: int, hidden_size: int, what: str = "the draft") -> None:
+        """A one-line error unless a draft with ``layers`` transformer layers (``layers + 1`` hidden states) and
+        ``hidden_size`` has what this spec reads."""
+        from ..errors import PacerError
+
+        bad = [i for i in self.hidden_layers if not -(layers + 1) <= i <= layers]
+        if bad:
+            raise PacerError(f"hidden layer(s) {bad} do not exist in {what} ({layers} layers: hidden states "
+                             f"{-(layers + 1)}..{layers}); choose layers in that range")
+        if hidden_size != self.hidden_size:
+            raise PacerError(f"features of hidden size {self.hidden_size} do not fit {what} (hidden size "
+                             f"{hidden_size})")
+
     @classmethod
     def from_dict(cls, d: dict) -> FeatureSpec:
         return cls(tuple(d["hidden_layers"]), int(d["hidden_size"]), int(d["max_draft"]), tuple(d["scalar_names"]))

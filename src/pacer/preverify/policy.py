@@ -30,8 +30,9 @@ def default_checkpoint(kind: str) -> Path:
     return Path(str(resources.files("pacer") / "checkpoints" / DEFAULT_CHECKPOINTS[kind]))
 
 
-def load_checkpoint(path: Path | str, draft_fingerprint: str | None = None):
-    """``(model, mu, sd, config)``; refuses a missing/corrupt checkpoint or one made for another draft model."""
+def load_checkpoint(path: Path | str, draft_fingerprint: str | None = None, draft_config=None):
+    """``(model, mu, sd, config)``; refuses a missing/corrupt checkpoint, one made for another draft model, or one
+    whose features the draft (its ``draft_config``: layers, hidden size) cannot give."""
     path = Path(path)
     cfg_path, w_path = path / "config.json", path / "weights.safetensors"
     if not cfg_path.exists() or not w_path.exists():
@@ -51,6 +52,9 @@ def load_checkpoint(path: Path | str, draft_fingerprint: str | None = None):
             f"checkpoint {path} was trained for draft model {str(cfg.get('draft_fingerprint'))[:16]}..., not for "
             f"this draft ({draft_fingerprint[:16]}...); collect and train one for this pair (pacer collect/train)"
         )
+    if draft_config is not None:
+        spec.check_fits(int(draft_config.num_hidden_layers), int(draft_config.hidden_size),
+                        f"this draft (checkpoint {path})")
     try:
         tensors = load_file(str(w_path))
     except Exception as e:  # safetensors raises several types on a damaged file
@@ -192,9 +196,9 @@ class SpecDecPPPolicy(_LearnedPolicy):
 
 
 def make_learned_policy(kind: str, path: Path | str | None, draft_fingerprint: str | None, bounds: dict,
-                        opts: dict) -> DraftPolicy:
+                        opts: dict, draft_config=None) -> DraftPolicy:
     ckpt = Path(path) if path else default_checkpoint(kind)
-    model, mu, sd, cfg = load_checkpoint(ckpt, draft_fingerprint)
+    model, mu, sd, cfg = load_checkpoint(ckpt, draft_fingerprint, draft_config)
     if cfg["kind"] != kind:
         raise PacerError(f"checkpoint {ckpt} is a '{cfg['kind']}' checkpoint, not '{kind}'")
     cls = PacerPolicy if kind == "pacer" else SpecDecPPPolicy
@@ -216,7 +220,8 @@ def load_policy(decoder, kind: str, bounds: dict, opts: dict) -> DraftPolicy:
         raise PacerError(f"method '{kind}' needs a draft model")
     if path is None and not (default_checkpoint(kind) / "config.json").exists():
         raise PacerError(f"no shipped {kind} checkpoint; pass a checkpoint folder as the option path")
-    pol = make_learned_policy(kind, path, decoder.draft_info.fingerprint, {**bounds}, opts)
+    pol = make_learned_policy(kind, path, decoder.draft_info.fingerprint, {**bounds}, opts,
+                              decoder.draft_info.model.config)
     if thr is not None and not 0.0 <= thr <= 1.0:
         raise PacerError(f"threshold must be in [0, 1], got {thr}")
     if thr is not None or "threshold" in given:
