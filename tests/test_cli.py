@@ -189,6 +189,8 @@ BAD = {
                         "finite"),
     "draft vocab negative": (["generate", PROMPT, "--draft-vocab", "-5"], {"target": "/nonexistent/model"},
                              "--draft-vocab"),
+    "draft vocab too large": (["generate", PROMPT, "--draft-vocab", "100000"], {"target": "/nonexistent/model"},
+                              "--draft-vocab must be 0 (the full vocabulary) or between 16 and 258"),
 }
 
 

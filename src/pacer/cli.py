@@ -224,6 +224,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .draftvocab import parse
 
             args.draft_vocab = parse(args.draft_vocab, "--draft-vocab")
+            if isinstance(args.draft_vocab, int) and args.draft_vocab > 0 and getattr(args, "draft", None):
+                from .draftvocab import check_size
+                from .models import configured_vocab
+
+                if (vocab := configured_vocab(args.draft, args.dtype)) is not None:  # before any model loads
+                    check_size(args.draft_vocab, vocab)
         return int(args.func(args) or 0)
     except PacerError as e:
         print(f"pacer: error: {as_flags(str(e))}", file=sys.stderr)

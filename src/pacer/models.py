@@ -369,6 +369,19 @@ def load_model(
     return LoadedModel(model, tok, str(path), folder_fingerprint(path, home), torch_dtype)
 
 
+def configured_vocab(spec: str, dtype: str = "bfloat16", home: Path | None = None) -> int | None:
+    """The vocabulary size a model's ``config.json`` states, read without loading the model (an HF folder, or a
+    converted default model in the cache); ``None`` when it cannot be known before loading."""
+    if spec in DEFAULT_NAMES:
+        folder = (home or pacer_home()) / "models" / f"{DEFAULT_NAMES[spec].name}-{dtype}"
+    else:
+        folder = Path(spec).expanduser()
+    try:
+        return int(json.loads((folder / "config.json").read_text())["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def file_sha256(path: Path, home: Path | None = None) -> str:
     """sha256 of a file, remembered under ``$PACER_HOME/hashes`` by path, size and modification time (a changed
     file is hashed again; an unreadable record is ignored)."""
