@@ -229,12 +229,12 @@ class Decoder:
         m = methods.get(method)
         if not m.drafts:
             raise PacerError(f"method '{method}' drafts nothing")
-        if self.draft_info is None:
+        if self.draft_info is None and m.needs_draft:
             raise PacerError(f"method '{method}' needs a draft model")
         policy_opts, drafter_opts = m.split(opts)
         if policy_opts:
             raise PacerError(f"method '{method}': {', '.join(policy_opts)} are policy options (make_policy)")
-        rows = self.draft_rows(drafter_opts.pop("draft_vocab", self.draft_vocab))
+        rows = self.draft_rows(drafter_opts.pop("draft_vocab", self.draft_vocab)) if m.needs_draft else None
         if m.drafter is None:
             return TokenDrafter(self.draft_backend(rows), self.vocab)
         return m.drafter(methods.Build(self, drafter_opts, rows=rows))
@@ -314,7 +314,7 @@ class Decoder:
 def generate(prompt: str, method: str = "sd", target: str = "default-target", draft: str = "default-draft",
              dtype: str = "bfloat16", threads: int | None = None, **kwargs) -> GenerationResult:
     """One-shot: load the pair, generate, return a :class:`GenerationResult` (text, token_ids, stats)."""
-    return Decoder.from_pretrained(target, draft if methods.get(method).drafts else None, dtype, threads).generate(
+    return Decoder.from_pretrained(target, draft if methods.get(method).loads_draft else None, dtype, threads).generate(
         prompt, method, **kwargs
     )
 

@@ -34,7 +34,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         prompt = args.prompt
     if not prompt.strip():
         raise PacerError("the prompt is empty; pass some text (or '-' to read standard input)")
-    draft = args.draft if methods.get(args.method).drafts else None
+    draft = args.draft if methods.get(args.method).loads_draft else None
     dec = load_decoder(args, draft)
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
     streamer = None if args.json else TextStreamer(dec.tokenizer, args.stop)

@@ -23,7 +23,8 @@ class DraftState:
     entropy of ``q`` in nats; ``hidden`` holds, per token, the draft's hidden state(s) at the position that predicted
     it (the layers the policy asked for, concatenated), only when ``policy.hidden_layers`` is set; ``phrase`` marks
     tokens that came from a phrase (Ouroboros); ``next_is_free`` says that the token asked about next needs no draft
-    forward of its own.
+    forward of its own; ``confidence`` is the drafter's own estimate that ``d_i`` is right, where it has one that
+    is not ``q`` (prompt lookup: from the length of the matched n-gram).
     """
 
     tokens: list[int] = field(default_factory=list)
@@ -32,6 +33,7 @@ class DraftState:
     entropy: list[float] = field(default_factory=list)
     hidden: list[torch.Tensor] = field(default_factory=list)
     phrase: list[bool] = field(default_factory=list)
+    confidence: list[float] = field(default_factory=list)
     #: the token the policy is asked about next is already computed (an Ouroboros draft forward over a phrase
     #: gives several tokens): drafting it costs no draft forward, only its place in the verification
     next_is_free: bool = False

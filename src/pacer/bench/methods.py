@@ -74,7 +74,7 @@ def _option(name: str, key: str) -> methods.Option | None:
     if key in GENERATE_KEYS:
         return next(o for o in methods.COMMON if o.name == key)
     m = methods.get(name)
-    return methods.DRAFT_VOCAB if key == methods.DRAFT_VOCAB.name and m.drafts else m.option(key)
+    return methods.DRAFT_VOCAB if key == methods.DRAFT_VOCAB.name and m.loads_draft else m.option(key)
 
 
 def _check(name: str, opts: list[tuple[str, object]], raw: str) -> None:

@@ -95,11 +95,14 @@ class Proposal:
         return ok
 
     def add(self, q: torch.Tensor, x: int, hidden: tuple[torch.Tensor, ...] | None, row: int,
-            phrase: bool = False, keep_q: bool = False) -> None:
+            phrase: bool = False, keep_q: bool = False, confidence: float | None = None) -> None:
         """Token ``x`` drawn from ``q``; ``hidden[layer][row]`` are its hidden states (the forward's row that
-        predicted it); ``keep_q``: sampling, the loop needs ``q`` for rejection sampling."""
+        predicted it); ``keep_q``: sampling, the loop needs ``q`` for rejection sampling; ``confidence``: the
+        drafter's own estimate that ``x`` is right (``DraftState.confidence``)."""
         token_features(q, x, self.state)
         self.state.phrase.append(phrase)
+        if confidence is not None:
+            self.state.confidence.append(confidence)
         if self.layers is not None:
             self.state.hidden.append(torch.cat([hidden[i][row] for i in self.layers]).float())
         if keep_q:

@@ -9,12 +9,12 @@ from .registry import Build, Method, Option, register
 from .rules import THRESHOLD, fixed
 
 PHRASE_OPTIONS = (
-    Option("ngram", int, "ouroboros: phrase length (default 6)", to="drafter", minimum=1),
+    Option("ngram", int, "ouroboros / lookup: phrase length (default 6 / 8)", to="drafter", minimum=1),
     Option("pool_size", int, "ouroboros: phrase pool capacity in entries (default 20000)", to="drafter", minimum=1),
     Option("candidates", int, "ouroboros: candidate phrases verified per round (default 2)", to="drafter",
            minimum=0),
     Option("candidate_len", int, "ouroboros: longest candidate phrase (default: ngram)", to="drafter", minimum=1),
-    Option("key_len", int, "ouroboros: longest pool key (default 2)", to="drafter", minimum=1),
+    Option("key_len", int, "ouroboros / lookup: longest n-gram key (default 2 / 3)", to="drafter", minimum=1),
     Option("sources", str, "ouroboros: phrase sources, a subset of prompt,output,verify,lookahead", to="drafter"),
     Option("warm_start", bool, "ouroboros: share the pool across generations (default true)", to="drafter"),
     Option("pool_file", str, "ouroboros: load the pool from / save it to this file", to="drafter"),

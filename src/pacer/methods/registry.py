@@ -107,7 +107,8 @@ class Build:
 @dataclass(frozen=True)
 class Method:
     """A decoding method. ``policy`` / ``drafter``: factories (both ``None``: plain decoding, ``ar``);
-    ``drafter=None`` with a policy means the default token-by-token drafter."""
+    ``drafter=None`` with a policy means the default token-by-token drafter on the draft model.
+    ``needs_draft``: it drafts with the draft model (``False``: e.g. prompt lookup drafts from the text)."""
 
     name: str
     summary: str
@@ -115,11 +116,17 @@ class Method:
     drafter: Callable[[Build], Drafter] | None = None
     options: tuple[Option, ...] = ()
     greedy_only: bool = False
+    needs_draft: bool = True
 
     @property
     def drafts(self) -> bool:
-        """Needs a draft model (every method but plain decoding)."""
+        """Drafts (every method but plain decoding); whether with the draft model: :attr:`needs_draft`."""
         return self.policy is not None
+
+    @property
+    def loads_draft(self) -> bool:
+        """Needs the draft model loaded."""
+        return self.drafts and self.needs_draft
 
     def option(self, name: str) -> Option | None:
         return next((o for o in self.options if o.name == name), None)
@@ -129,7 +136,7 @@ class Method:
         (policy options, drafter options)."""
         policy, drafter = {}, {}
         for k, v in options.items():
-            o = DRAFT_VOCAB if k == DRAFT_VOCAB.name and self.drafts else self.option(k)
+            o = DRAFT_VOCAB if k == DRAFT_VOCAB.name and self.loads_draft else self.option(k)
             if o is None:
                 own = ", ".join(o.name for o in self.options) or "none"
                 common = ", ".join(o.name for o in (*COMMON, DRAFT_VOCAB))

@@ -77,7 +77,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from .app import build_app
 
-    dec = load_decoder(args, args.draft if methods.get(method).drafts else None)
+    dec = load_decoder(args, args.draft if methods.get(method).loads_draft else None)
     defaults = Defaults(method, bounds["gamma"], bounds["min_draft"], bounds["max_draft"], aware, options,
                         args.max_tokens)
     name = args.served_model_name or args.target

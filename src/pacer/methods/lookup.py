@@ -1,0 +1,105 @@
+"""``lookup``: prompt-lookup drafting - no draft model. The draft is the continuation of the longest n-gram of
+the prompt and the output so far (and of the target's own tokens after a rejection) that ends like the text does.
+
+A looked-up token costs no draft forward (``next_is_free``), only its place in the verification, so it can pay
+where a draft model cannot: on a CPU whose forward costs grow with every scored token, a free token pays once it is
+accepted more often than ``(c_t(2) - c_t(1)) / c_t(1)`` (0.61 on the AVX2-only EPYC of docs/hardware.md), which a
+long n-gram match in code or in a quoted text often is. The cost-aware rule decides on the match's confidence
+(:attr:`DraftState.confidence`: higher for a longer matched key), calibrated from the verifier's verdicts.
+
+Lossless in both modes: greedy, the target checks every token; sampling, the proposal is deterministic
+(``q`` one-hot at the looked-up token), and rejection sampling with any ``q`` keeps the target's distribution.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..decoding import Draft, Drafter, Proposal
+from ..ouroboros import PhrasePool
+from ..policies import DraftState, FixedPolicy
+from .registry import Build, Method, Option, register
+
+#: the lookup's confidence that a token of a continuation found with a key of this many tokens is right: a prior
+#: that the cost-aware rule's calibrator corrects from the verdicts it sees
+KEY_CONFIDENCE = {1: 0.35, 2: 0.6, 3: 0.75, 4: 0.85}
+
+
+class LookupDrafter(Drafter):
+    """Drafts continuations of matching n-grams from a pool of this generation's text (prompt, output, the target's
+    tokens after a rejection); ``vocab`` is the target's vocabulary size (the width of ``q``)."""
+
+    def __init__(self, vocab: int, ngram: int = 8, key_len: int = 3) -> None:
+        self.vocab, self.ngram, self.key_len = vocab, ngram, key_len
+        self.reset()
+
+    def reset(self) -> None:
+        self.pool = PhrasePool(self.ngram, 1 << 16, self.key_len)
+        self._seen = 0
+        self._last: Draft | None = None
+
+    def _sync(self, tokens: list[int]) -> None:
+        if self._seen == 0:
+            self.pool.add_sequence(tokens, "prompt")
+        elif len(tokens) > self._seen:
+            lo = max(0, self._seen - self.ngram - self.key_len)
+            self.pool.add_sequence(tokens[lo:], "output", min_end=self._seen - lo)
+        self._seen = len(tokens)
+
+    def propose(self, tokens, policy, budget, sampling, gen) -> Draft:
+        self._sync(tokens)
+        p = Proposal(policy, budget)
+        ctx = list(tokens)
+        while p.n < budget:
+            found = self.pool.lookup(ctx, 1)
+            if not found:
+                break
+            key, cont = found[0]
+            conf = KEY_CONFIDENCE.get(len(key), max(KEY_CONFIDENCE.values()))
+            for x in cont:
+                if not p.ask(free=True):
+                    self._last = p.draft()
+                    return self._last
+                q = torch.zeros(self.vocab)
+                q[x] = 1.0
+                p.add(q, x, None, 0, phrase=True, keep_q=not sampling.greedy, confidence=conf)
+                ctx.append(x)
+        self._last = p.draft()
+        return self._last
+
+    def observe(self, tokens: list[int], target_argmax: list[int], accepted: int) -> None:
+        """After a rejection the target's own greedy tokens continue the text: a phrase for later lookups."""
+        draft, n = self._last, accepted
+        if draft is None or n >= len(draft.tokens) or len(target_argmax) - n - 1 < 1:
+            return
+        ctx = (tokens + draft.tokens[: n + 1])[-self.key_len :]
+        self.pool.add_sequence(ctx + target_argmax[n + 1 :], "verify", first_cont=len(ctx), partial=True)
+
+
+class LookupPolicy(FixedPolicy):
+    """The fixed rule (at most ``γ`` looked-up tokens a round) whose survival score is the product of the lookup's
+    confidences, for the cost-aware rule."""
+
+    name = "lookup"
+
+    def survival(self, state: DraftState) -> float | None:
+        return math.prod(state.confidence) if state.confidence else None
+
+
+def _policy(b: Build) -> LookupPolicy:
+    return LookupPolicy(gamma=8 if b.gamma is None else b.gamma, **b.bounds)
+
+
+def _drafter(b: Build) -> LookupDrafter:
+    return LookupDrafter(b.decoder.vocab, **b.options)
+
+
+register(Method("lookup", "prompt lookup: drafts the continuation of the longest matching n-gram of the prompt and "
+                "output (no draft model; drafted tokens cost no forward)", _policy, _drafter,
+                options=(Option("ngram", int, "ouroboros / lookup: phrase length (default 6 / 8)", to="drafter",
+                                minimum=1),
+                         Option("key_len", int, "ouroboros / lookup: longest n-gram key (default 2 / 3)",
+                                to="drafter", minimum=1)),
+                needs_draft=False))

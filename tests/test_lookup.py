@@ -1,0 +1,79 @@
+"""``lookup`` (prompt lookup, no draft model): exact under greedy decoding and in distribution under sampling,
+accepted where the text repeats, loaded and run without any draft model."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+
+from conftest import FLAT
+from pacer import Decoder, SamplingConfig
+from pacer.decoding import Output, speculative_generate
+from pacer.methods.lookup import LookupDrafter, LookupPolicy
+from pacer.models import LoadedModel
+from pacer.stats import GenerationStats
+from pacer.tiny import save_tiny_pair, tiny_pair
+from test_backend import FakeBackend, V
+from test_sampling import PROMPT, _small_target, chi2_pvalue, exact_joint
+
+
+class Periodic(FakeBackend):
+    """A target whose next token depends on the last two tokens only: its output soon repeats itself."""
+
+    def _row(self, seen):
+        g = torch.Generator().manual_seed(hash((1, tuple(seen[-2:]))) % (1 << 31))
+        return torch.randn(V, generator=g) * 3
+
+
+def test_lookup_is_exact_and_accepted_where_the_text_repeats():
+    prompt = [1, 2, 3, 4, 5]
+    plain = Output(120, set())
+    from pacer.decoding import autoregressive_generate
+
+    autoregressive_generate(Periodic(salt=1), prompt, plain, SamplingConfig(), GenerationStats())
+    for gamma in (1, 4, 8):
+        stats = GenerationStats()
+        out = speculative_generate(Periodic(salt=1), LookupDrafter(V), LookupPolicy(gamma=gamma), prompt,
+                                   Output(120, set()), SamplingConfig(), stats)
+        assert out == plain.ids
+        assert stats.accepted_tokens > 40 and stats.target_calls < 80  # the repeats came from the lookup
+        assert stats.draft_forwards == 0  # no draft model
+
+
+def test_lookup_runs_without_a_draft_model(tmp_path, capsys):
+    t, _ = tiny_pair("close")
+    dec = Decoder(t, None, threads=1, costs=FLAT)
+    for prompt in ("hello world, this is", "abc abc abc abc abc abc", "def f(x):\n    return f(x)"):
+        ar = dec.generate(prompt, "ar", max_new_tokens=30)
+        for cost_aware in (None, False):
+            res = dec.generate(prompt, "lookup", max_new_tokens=30, cost_aware=cost_aware)
+            assert res.token_ids == ar.token_ids
+    assert dec.generate("abc abc abc abc abc abc", "lookup", max_new_tokens=10, gamma=4).stats.draft_tokens > 0
+    from pacer.cli import main
+
+    target, _ = save_tiny_pair(tmp_path)
+    rc = main(["generate", "abc abc abc abc", "--method", "lookup", "--json", "--max-new-tokens", "8", "--target",
+               str(target), "--draft", "/nowhere/no-draft-is-loaded", "--dtype", "float32", "--threads", "1"])
+    assert rc == 0 and json.loads(capsys.readouterr().out)["stats"]["method"] == "lookup"
+
+
+def test_lookup_sampling_matches_the_target_distribution():
+    """A deterministic proposal (``q`` one-hot at the looked-up token) under rejection sampling: the first two
+    tokens' joint distribution is the target's exactly (chi-square over 2500 seeds)."""
+    target = _small_target()
+    dec = Decoder(LoadedModel(target, None, "t", "t", torch.float32), None, threads=1)
+    dec.eos.clear()
+    prompt = PROMPT + PROMPT + PROMPT[:2]  # ... 1 4: the lookup proposes 2 7 1 4 ...
+    cfg = SamplingConfig(temperature=1.0)
+    exact = exact_joint(target, prompt, cfg)
+    counts = np.zeros_like(exact)
+    drafted = 0
+    for s in range(2500):
+        res = dec.generate(prompt, "lookup", max_new_tokens=3, gamma=2,
+                           sampling=SamplingConfig(cfg.temperature, seed=s))
+        counts[res.token_ids[0], res.token_ids[1]] += 1
+        drafted += res.stats.draft_tokens
+    assert drafted >= 2 * 2500  # the first round always drafts the two looked-up tokens
+    assert chi2_pvalue(counts, exact) > 1e-3
