@@ -77,3 +77,26 @@ def test_lookup_sampling_matches_the_target_distribution():
         drafted += res.stats.draft_tokens
     assert drafted >= 2 * 2500  # the first round always drafts the two looked-up tokens
     assert chi2_pvalue(counts, exact) > 1e-3
+
+
+def test_the_cost_rule_drafts_confident_lookups_where_a_prior_would_not():
+    """Verification not free: an extra scored token costs 0.65 of a forward, so a free token pays only when it
+    survives with probability >= 0.65 - more than the rule's prior acceptance (0.6). A 3-token match (confidence
+    0.75) is drafted from the first round on; 1-token matches (0.35) never are."""
+    from pacer.costs import CostAwarePolicy, Costs
+
+    costs = Costs(draft=0.0, target={1: 1.0, 2: 1.65, 4: 2.95, 8: 5.55, 16: 10.75})
+    prompt = [1, 2, 3, 4, 5]
+    plain = Output(120, set())
+    from pacer.decoding import autoregressive_generate
+
+    autoregressive_generate(Periodic(salt=1), prompt, plain, SamplingConfig(), GenerationStats())
+    drafted = {}
+    for key_len in (1, 3):
+        stats = GenerationStats()
+        rule = CostAwarePolicy(LookupPolicy(gamma=8, min_draft=0), costs, refine=0.0)
+        out = speculative_generate(Periodic(salt=1), LookupDrafter(V, key_len=key_len), rule, prompt,
+                                   Output(120, set()), SamplingConfig(), stats)
+        assert out == plain.ids
+        drafted[key_len] = stats.draft_tokens
+    assert drafted[1] == 0 and drafted[3] > 20

@@ -250,10 +250,13 @@ class CostAwarePolicy(DraftPolicy):
         if n > self.counted:  # tokens drafted below min_draft, without asking
             self.spent += (n - self.counted) * (self.costs.draft + self.costs.policy_per_check)
         exact = self.inner.survival_next(state)
+        ahead = self.inner.survival_ahead(state) if exact is None else None
         S_n = self.S[-1] if n else 1.0
         S_prev = self.S[-2] if n > 1 else 1.0
         if exact is not None:
             S_next = exact
+        elif ahead is not None:  # the policy scores d_{n+1} before it is drafted: calibrated like its survival
+            S_next = min(S_n, self.calibrator(ahead))
         elif n == 0 or self.raw[-1] is None:  # no score: the learned acceptance of the next position
             S_next = S_n * self.memory.alpha(n + 1)
         else:  # the last token's conditional acceptance, carried one step on

@@ -24,7 +24,8 @@ class DraftState:
     it (the layers the policy asked for, concatenated), only when ``policy.hidden_layers`` is set; ``phrase`` marks
     tokens that came from a phrase (Ouroboros); ``next_is_free`` says that the token asked about next needs no draft
     forward of its own; ``confidence`` is the drafter's own estimate that ``d_i`` is right, where it has one that
-    is not ``q`` (prompt lookup: from the length of the matched n-gram).
+    is not ``q`` (prompt lookup: from the length of the matched n-gram), and ``next_confidence`` the same for the
+    token asked about next (``None``: the drafter does not know it before drafting it).
     """
 
     tokens: list[int] = field(default_factory=list)
@@ -34,6 +35,7 @@ class DraftState:
     hidden: list[torch.Tensor] = field(default_factory=list)
     phrase: list[bool] = field(default_factory=list)
     confidence: list[float] = field(default_factory=list)
+    next_confidence: float | None = None
     #: the token the policy is asked about next is already computed (an Ouroboros draft forward over a phrase
     #: gives several tokens): drafting it costs no draft forward, only its place in the verification
     next_is_free: bool = False
@@ -125,6 +127,12 @@ class DraftPolicy:
         """How many candidate-branch tokens (Ouroboros) the target may score after a draft of ``drafted`` tokens;
         unbounded unless a cost model says otherwise."""
         return 1 << 30
+
+    def survival_ahead(self, state: DraftState) -> float | None:
+        """A raw score, on :meth:`survival`'s scale, that ``d_1..d_{n+1}`` all survive, for a policy that can
+        score the next token before it is drafted (prompt lookup knows its match); ``None`` otherwise. The
+        cost-aware rule calibrates it as it calibrates :meth:`survival`."""
+        return None
 
     def survival_next(self, state: DraftState) -> float | None:
         """The exact probability that ``d_1..d_{n+1}`` would all be accepted, for a policy that knows it (the

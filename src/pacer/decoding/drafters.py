@@ -82,11 +82,13 @@ class Proposal:
     def n(self) -> int:
         return self.state.n
 
-    def ask(self, free: bool = False) -> bool:
-        """``free``: the token asked about is already computed (it costs no draft forward of its own)."""
+    def ask(self, free: bool = False, confidence: float | None = None) -> bool:
+        """``free``: the token asked about is already computed (it costs no draft forward of its own);
+        ``confidence``: the drafter's estimate that it is right (``DraftState.next_confidence``)."""
         if self.state.n >= self.budget:
             return False
         self.state.next_is_free = free
+        self.state.next_confidence = confidence
         if self.state.n < self.policy.min_draft:
             return True
         t = time.perf_counter()

@@ -59,7 +59,7 @@ class LookupDrafter(Drafter):
             key, cont = found[0]
             conf = KEY_CONFIDENCE.get(len(key), max(KEY_CONFIDENCE.values()))
             for x in cont:
-                if not p.ask(free=True):
+                if not p.ask(free=True, confidence=conf):
                     self._last = p.draft()
                     return self._last
                 q = torch.zeros(self.vocab)
@@ -80,12 +80,18 @@ class LookupDrafter(Drafter):
 
 class LookupPolicy(FixedPolicy):
     """The fixed rule (at most ``γ`` looked-up tokens a round) whose survival score is the product of the lookup's
-    confidences, for the cost-aware rule."""
+    confidences, for the cost-aware rule, which also sees the next token's confidence before it is drafted (a
+    rule that only learned from drafted rounds would never start drafting where the prior does not pay)."""
 
     name = "lookup"
 
     def survival(self, state: DraftState) -> float | None:
         return math.prod(state.confidence) if state.confidence else None
+
+    def survival_ahead(self, state: DraftState) -> float | None:
+        if state.next_confidence is None:
+            return None
+        return math.prod(state.confidence) * state.next_confidence
 
 
 def _policy(b: Build) -> LookupPolicy:
