@@ -95,21 +95,19 @@ class Metrics:
             metric("pacer:request_failure_total", "counter", "Requests that did not finish (rejected, timeout, "
                    "cancelled, error).",
                    [(f'{{reason="{r}"}}', n) for r, n in sorted(self.failure.items())] or [("", 0)])
-            metric("pacer:num_requests_running", "gauge", "Requests being decoded.", [("", self.running)])
-            metric("pacer:num_requests_waiting", "gauge", "Requests queued for the decoding worker.",
-                   [("", self.waiting)])
-            metric("pacer:prompt_tokens_total", "counter", "Prompt tokens of finished requests.",
-                   [("", self.prompt_tokens)])
-            metric("pacer:generation_tokens_total", "counter", "Generated tokens (of cancelled requests too).",
-                   [("", self.generation_tokens)])
-            metric("pacer:generation_tokens_per_second", "gauge", "Tokens/s of the last finished request.",
-                   [("", float(self.last_tokens_per_s))])
-            metric("pacer:spec_decode_num_drafts_total", "counter", "Rounds that drafted at least one token.",
-                   [("", self.drafts)])
-            metric("pacer:spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed.",
-                   [("", self.draft_tokens)])
-            metric("pacer:spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.",
-                   [("", self.accepted_tokens)])
+            for name, kind, help_, value in (
+                ("num_requests_running", "gauge", "Requests being decoded.", self.running),
+                ("num_requests_waiting", "gauge", "Requests queued for the decoding worker.", self.waiting),
+                ("prompt_tokens_total", "counter", "Prompt tokens of finished requests.", self.prompt_tokens),
+                ("generation_tokens_total", "counter", "Generated tokens (of cancelled requests too).",
+                 self.generation_tokens),
+                ("generation_tokens_per_second", "gauge", "Tokens/s of the last finished request.",
+                 float(self.last_tokens_per_s)),
+                ("spec_decode_num_drafts_total", "counter", "Rounds that drafted at least one token.", self.drafts),
+                ("spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed.", self.draft_tokens),
+                ("spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.", self.accepted_tokens),
+            ):
+                metric("pacer:" + name, kind, help_, [("", value)])
             metric("pacer:spec_decode_num_accepted_tokens_per_pos_total", "counter",
                    "Rounds whose draft token at this 0-based position was accepted.",
                    [(f'{{position="{i}"}}', n) for i, n in sorted(self.per_pos.items())] or [("", 0)])
