@@ -270,8 +270,8 @@ class Decoder:
         oracle) its own plain-decoding run.
         """
         sampling = sampling or SamplingConfig()
-        m = check_request(method, max_new_tokens, gamma, min_draft, max_draft, sampling, options or {})
-        policy_opts, drafter_opts = m.split(options or {})
+        m, policy_opts, drafter_opts = check_request(method, max_new_tokens, gamma, min_draft, max_draft, sampling,
+                                                     options or {})
         ids = self.encode(prompt, chat, history)
         budget = min(max_new_tokens, self.target.context - len(ids))
         stats = GenerationStats(method=method, prompt_tokens=len(ids))
@@ -321,9 +321,10 @@ def generate(prompt: str, method: str = "sd", target: str = "default-target", dr
 
 def check_request(method: str, max_new_tokens: int, gamma: int | None = None, min_draft: int | None = None,
                   max_draft: int | None = None, sampling: SamplingConfig | None = None,
-                  options: Mapping[str, object] = ()) -> methods.Method:
+                  options: Mapping[str, object] = ()) -> tuple[methods.Method, dict, dict]:
     """Every argument of a generation checked before anything runs (the CLI calls it before loading models);
-    returns the method's record. One place per concept: the bounds, the sampling settings, the method's options."""
+    returns the method's record and its checked options split into (policy, drafter) ones. One place per concept:
+    the bounds, the sampling settings, the method's options."""
     m = methods.get(method)
     if max_new_tokens <= 0:
         raise PacerError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -334,5 +335,4 @@ def check_request(method: str, max_new_tokens: int, gamma: int | None = None, mi
         raise PacerError(f"min_draft ({min_draft}) must not exceed max_draft ({max_draft})")
     if m.greedy_only and sampling is not None and not sampling.greedy:
         raise PacerError(f"the {method} method is defined for greedy decoding only (temperature 0)")
-    m.split(dict(options))
-    return m
+    return (m, *m.split(dict(options)))

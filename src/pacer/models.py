@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -300,9 +301,10 @@ def sweep_stale(home: Path | None = None) -> int:
 _HOME_LOCKS: dict[Path, object] = {}
 
 
-def _cached_conversion(gguf: Path, cache_dir: Path, dtype: torch.dtype) -> None:
-    """Make sure ``cache_dir`` holds a verified conversion of ``gguf``: convert it when missing, convert it again
-    (with a note) when it fails its manifest check."""
+def _cached_conversion(gguf: Callable[[], Path], cache_dir: Path, dtype: torch.dtype) -> None:
+    """Make sure ``cache_dir`` holds a verified conversion of the GGUF file ``gguf()`` gives (called only when a
+    conversion is needed: assembling the default pair's file takes a while): convert it when missing, convert it
+    again (with a note) when it fails its manifest check."""
     if (cache_dir / "config.json").exists():
         problem = check_manifest(cache_dir)
         if problem is None:
@@ -311,7 +313,7 @@ def _cached_conversion(gguf: Path, cache_dir: Path, dtype: torch.dtype) -> None:
 
         print(f"pacer: note: the cached model {cache_dir} cannot be trusted ({problem}); converting it again",
               file=sys.stderr)
-    _convert_gguf(gguf, cache_dir, dtype)
+    _convert_gguf(gguf(), cache_dir, dtype)
 
 
 def _load_folder(path: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, object]:
@@ -343,8 +345,7 @@ def load_model(
         g = DEFAULT_NAMES[spec]
         cache_dir = home / "models" / f"{g.name}-{dtype}"
         sweep_stale(home)
-        if check_manifest(cache_dir) is not None:
-            _cached_conversion(assemble_gguf(g, home, progress), cache_dir, torch_dtype)
+        _cached_conversion(lambda: assemble_gguf(g, home, progress), cache_dir, torch_dtype)
         model, tok = _load_folder(cache_dir, torch_dtype)
         return LoadedModel(model, tok, spec, g.sha256, torch_dtype)
     path = Path(spec).expanduser()
@@ -358,7 +359,7 @@ def load_model(
         digest = file_sha256(path, home)
         cache_dir = home / "models" / f"{path.stem}-{digest[:16]}-{dtype}"
         sweep_stale(home)
-        _cached_conversion(path, cache_dir, torch_dtype)
+        _cached_conversion(lambda: path, cache_dir, torch_dtype)
         model, tok = _load_folder(cache_dir, torch_dtype)
         return LoadedModel(model, tok, str(path), digest, torch_dtype)
     if not (path / "config.json").exists():

@@ -169,6 +169,31 @@ class PhrasePool:
         return len(entries)
 
 
+def learn_committed(pool: PhrasePool, tokens: list[int], seen: int, learn) -> int:
+    """Hand ``learn(seq, source, **kw)`` the tokens committed since ``seen`` of them were (the prompt, ``seen == 0``;
+    else the output's new n-grams, with enough context for their keys); returns the new ``seen``."""
+    if seen == 0:
+        learn(tokens, "prompt")
+    elif len(tokens) > seen:
+        lo = max(0, seen - pool.ngram - pool.key_len)
+        learn(tokens[lo:], "output", min_end=seen - lo)
+    return len(tokens)
+
+
+def rejection_phrase(tokens: list[int], draft: list[int], target_argmax: list[int], accepted: int,
+                     key_len: int) -> tuple[list[int], int] | None:
+    """After ``d_{n+1}`` was rejected, the target's own greedy tokens continue the text: ``(sequence, index of its
+    first continuation token)`` for the pool, keyed by the text before them; ``None`` when nothing was rejected."""
+    γ, n = len(draft), accepted
+    if n >= γ or len(target_argmax) < γ + 1:
+        return None
+    a = target_argmax[-(γ + 1) :]
+    if len(a) - n - 1 < 1:
+        return None
+    ctx = (tokens + draft[: n + 1])[-key_len:]
+    return ctx + a[n + 1 :], len(ctx)
+
+
 #: pools shared by drafters on the same draft model (warm start): the backend's identity -> settings -> pool
 _SHARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -244,12 +269,7 @@ class PhraseDrafter(TokenDrafter):
 
     def _sync(self, tokens: list[int]) -> None:
         """Add the tokens committed since the last proposal (the prompt at the first one)."""
-        if self._seen == 0:
-            self._learn(tokens, "prompt")
-        elif len(tokens) > self._seen:
-            lo = max(0, self._seen - self.pool.ngram - self.pool.key_len)
-            self._learn(tokens[lo:], "output", min_end=self._seen - lo)
-        self._seen = len(tokens)
+        self._seen = learn_committed(self.pool, tokens, self._seen, self._learn)
 
     # ------------------------------------------------------------------------------------------ interface
     def reset(self) -> None:
@@ -341,12 +361,8 @@ class PhraseDrafter(TokenDrafter):
         draft, n = self._last, accepted
         if draft is None:
             return
-        γ = len(draft.tokens)
-        if n < γ and γ + 1 <= len(target_argmax):
-            a = target_argmax[-(γ + 1) :]
-            if len(a) - n - 1 >= 1:
-                ctx = (tokens + draft.tokens[: n + 1])[-self.pool.key_len :]
-                self._learn(ctx + a[n + 1 :], "verify", first_cont=len(ctx), partial=True)
+        if (found := rejection_phrase(tokens, draft.tokens, target_argmax, n, self.pool.key_len)) is not None:
+            self._learn(found[0], "verify", first_cont=found[1], partial=True)
         if draft.branches:
             self.counts["candidate_rounds"] += 1
             self.counts["candidates"] += len(draft.branches)

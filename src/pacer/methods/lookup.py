@@ -18,7 +18,7 @@ import math
 import torch
 
 from ..decoding import Draft, Drafter, Proposal
-from ..ouroboros import PhrasePool
+from ..ouroboros import PhrasePool, learn_committed, rejection_phrase
 from ..policies import DraftState, FixedPolicy
 from .registry import Build, Method, Option, register
 
@@ -40,16 +40,8 @@ class LookupDrafter(Drafter):
         self._seen = 0
         self._last: Draft | None = None
 
-    def _sync(self, tokens: list[int]) -> None:
-        if self._seen == 0:
-            self.pool.add_sequence(tokens, "prompt")
-        elif len(tokens) > self._seen:
-            lo = max(0, self._seen - self.ngram - self.key_len)
-            self.pool.add_sequence(tokens[lo:], "output", min_end=self._seen - lo)
-        self._seen = len(tokens)
-
     def propose(self, tokens, policy, budget, sampling, gen) -> Draft:
-        self._sync(tokens)
+        self._seen = learn_committed(self.pool, tokens, self._seen, self.pool.add_sequence)
         p = Proposal(policy, budget)
         ctx = list(tokens)
         while p.n < budget:
@@ -71,11 +63,11 @@ class LookupDrafter(Drafter):
 
     def observe(self, tokens: list[int], target_argmax: list[int], accepted: int) -> None:
         """After a rejection the target's own greedy tokens continue the text: a phrase for later lookups."""
-        draft, n = self._last, accepted
-        if draft is None or n >= len(draft.tokens) or len(target_argmax) - n - 1 < 1:
+        if self._last is None:
             return
-        ctx = (tokens + draft.tokens[: n + 1])[-self.key_len :]
-        self.pool.add_sequence(ctx + target_argmax[n + 1 :], "verify", first_cont=len(ctx), partial=True)
+        found = rejection_phrase(tokens, self._last.tokens, target_argmax, accepted, self.key_len)
+        if found is not None:
+            self.pool.add_sequence(found[0], "verify", first_cont=found[1], partial=True)
 
 
 class LookupPolicy(FixedPolicy):
