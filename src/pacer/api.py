@@ -24,7 +24,6 @@ from .decoding import (
     ModelBackend,
     Output,
     TokenDrafter,
-    TransformersBackend,
     autoregressive_generate,
     speculative_generate,
 )
@@ -62,6 +61,7 @@ class Decoder:
         q.check_kind(quantize)
         if draft_quant != "auto":
             q.check_kind(draft_quant)
+        check_quantize(target.backend, quantize, draft_quant)
         self.threads = models.set_threads(threads)
         self.draft_vocab = draft_vocab
         self.progress = progress
@@ -80,12 +80,13 @@ class Decoder:
             q.quantize_int8(target.model)
         if draft is not None and draft_quant == "int8":
             q.quantize_int8(draft.model)
-        elif draft is not None and draft_quant == "auto":
+        elif draft is not None and draft_quant == "auto" and draft.backend == "transformers":
             from .calibration import choose_draft_quant
 
             if choose_draft_quant(draft) == "int8":
                 q.quantize_int8(draft.model)
-        self.target: ModelBackend = TransformersBackend(target.model)
+        self.backend = target.backend
+        self.target: ModelBackend = target.open()
         self.vocab = target.vocab_size
         self.eos = models.eos_ids(target)
         if self.tokenizer is not None:
@@ -97,16 +98,21 @@ class Decoder:
     def from_pretrained(cls, target: str = "default-target", draft: str | None = "default-draft",
                         dtype: str = "bfloat16", threads: int | None = None, progress: bool = True,
                         draft_vocab: int | str | Sequence[int] | None = "auto", draft_quant: str = "auto",
-                        quantize: str = "none") -> Decoder:
+                        quantize: str = "none", backend: str = "transformers") -> Decoder:
         """Load a pair: ``default-target``/``default-draft``, HF model folders or ``.gguf`` files (see
-        :meth:`__init__` for ``draft_quant``, by default ``"auto"`` here, and ``quantize``)."""
+        :meth:`__init__` for ``draft_quant``, by default ``"auto"`` here, and ``quantize``). ``backend``:
+        ``transformers`` (PyTorch) or ``llamacpp`` (GGUF files run by llama.cpp, see :data:`pacer.models.BACKENDS`;
+        ``dtype`` does not apply there)."""
         from .quantize import check_kind
 
         check_kind(quantize)
         if draft_quant != "auto":
             check_kind(draft_quant)
-        t = models.load_model(target, dtype, progress=progress)
-        d = models.load_model(draft, dtype, progress=progress) if draft else None
+        models.check_backend(backend, target, draft)
+        check_quantize(backend, quantize, draft_quant)
+        models.set_threads(threads)
+        t = models.load_model(target, dtype, progress=progress, backend=backend)
+        d = models.load_model(draft, dtype, progress=progress, backend=backend) if draft else None
         return cls(t, d, threads, draft_vocab, progress=progress, draft_quant=draft_quant, quantize=quantize)
 
     def calibration(self, rows: torch.Tensor | None = None, refresh: bool = False) -> Calibration:
@@ -188,7 +194,7 @@ class Decoder:
         """A fresh backend (its own cache) on the draft model, scoring vocabulary ``rows`` (``None``: all)."""
         if self.draft_info is None:
             raise PacerError("this method needs a draft model")
-        return TransformersBackend(self.draft_info.model, rows)
+        return self.draft_info.open(rows)
 
     def make_policy(self, method: str, gamma: int | None = None, min_draft: int | None = None,
                     max_draft: int | None = None, cost_aware: bool | None = None,
@@ -312,11 +318,18 @@ class Decoder:
 
 
 def generate(prompt: str, method: str = "sd", target: str = "default-target", draft: str = "default-draft",
-             dtype: str = "bfloat16", threads: int | None = None, **kwargs) -> GenerationResult:
+             dtype: str = "bfloat16", threads: int | None = None, backend: str = "transformers",
+             **kwargs) -> GenerationResult:
     """One-shot: load the pair, generate, return a :class:`GenerationResult` (text, token_ids, stats)."""
-    return Decoder.from_pretrained(target, draft if methods.get(method).loads_draft else None, dtype, threads).generate(
-        prompt, method, **kwargs
-    )
+    return Decoder.from_pretrained(target, draft if methods.get(method).loads_draft else None, dtype, threads,
+                                   backend=backend).generate(prompt, method, **kwargs)
+
+
+def check_quantize(backend: str, quantize: str, draft_quant: str) -> None:
+    """pacer's int8 weight-only quantization is a ``transformers``-backend feature (a GGUF file brings its own)."""
+    if backend != "transformers" and (quantize != "none" or draft_quant not in ("none", "auto")):
+        raise PacerError(f"--quantize/--draft-quant apply to the transformers backend; the {backend} backend runs "
+                         f"the GGUF file's own quantization (pass a quantized GGUF instead)")
 
 
 def check_request(method: str, max_new_tokens: int, gamma: int | None = None, min_draft: int | None = None,

@@ -21,8 +21,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
     g.add_argument("--target", default="default-target", help="HF model folder, .gguf file or default-target")
     g.add_argument("--draft", default="default-draft", help="HF model folder, .gguf file or default-draft")
+    g.add_argument("--backend", default="transformers", choices=["transformers", "llamacpp"],
+                   help="what runs the models: transformers (PyTorch; GGUF files are dequantized once) or llamacpp "
+                        "(GGUF files as they are, on llama.cpp's kernels through llama-cpp-python)")
     g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
-                   help="weights dtype (bfloat16 is the fast one on CPUs with bf16 support)")
+                   help="weights dtype of the transformers backend (bfloat16 is the fast one on CPUs with bf16 "
+                        "support)")
     g.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
     g.add_argument("--draft-quant", choices=["auto", "none", "int8"], default="auto",
                    help="int8 weight-only draft (lossless: the draft only proposes); auto (default): where it "
@@ -45,10 +49,24 @@ def load_decoder(args: argparse.Namespace, draft: str | None = "") -> Decoder:
         print(f"pacer: warning: --threads {args.threads} is more than this machine's {cores} cores (oversubscribed "
               f"threads run many times slower); using {cores}", file=sys.stderr)
         args.threads = cores
-
+    check_model_args(args)
     return Decoder.from_pretrained(args.target, args.draft if draft == "" else draft, args.dtype, args.threads,
                                    draft_vocab=args.draft_vocab, draft_quant=args.draft_quant,
-                                   quantize=args.quantize)
+                                   quantize=args.quantize, backend=args.backend)
+
+
+def check_model_args(args: argparse.Namespace) -> None:
+    """The model arguments checked before anything loads: the backend can run the models and takes the other
+    settings (llama.cpp brings its own quantization and scores the whole vocabulary)."""
+    from .api import check_quantize
+    from .errors import PacerError
+    from .models import check_backend
+
+    check_backend(args.backend, args.target, args.draft)
+    check_quantize(args.backend, args.quantize, args.draft_quant)
+    if args.backend != "transformers" and str(args.draft_vocab) not in ("auto", "0"):
+        raise PacerError(f"--draft-vocab applies to the transformers backend; the {args.backend} backend scores the "
+                         f"whole vocabulary (drop --draft-vocab)")
 
 
 def _dest(o: methods.Option) -> str:

@@ -130,10 +130,18 @@ class Calibration:
 
 
 def weights_kind(loaded) -> str:
-    """``bfloat16``, ``float32``, ... or ``int8+bfloat16`` for int8 weight-only linear layers."""
-    base = str(loaded.dtype).removeprefix("torch.")
-    quant = getattr(loaded.model.config, "pacer_quantization", None)
-    return f"{quant}+{base}" if quant else base
+    """What the weights are (:attr:`pacer.models.LoadedModel.weights`): ``bfloat16``, ``int8+bfloat16``,
+    ``gguf:Q4_K_M``, ..."""
+    return loaded.weights
+
+
+def backend_version(loaded) -> str:
+    """The runtime that computes the forwards: PyTorch's version, or llama-cpp-python's."""
+    if loaded.backend == "llamacpp":
+        from .decoding.llama_backend import LLAMA_CPP_VERSION
+
+        return f"llama-cpp-python {LLAMA_CPP_VERSION}"
+    return f"torch {torch.__version__}"
 
 
 def calibration_key(decoder, rows: torch.Tensor | None) -> dict:
@@ -144,6 +152,7 @@ def calibration_key(decoder, rows: torch.Tensor | None) -> dict:
         "target": t.fingerprint, "target_dtype": weights_kind(t),
         "draft": d.fingerprint if d else None, "draft_dtype": weights_kind(d) if d else None,
         "draft_rows": "full" if rows is None else int(len(rows)),
+        "backend": t.backend, "runtime": backend_version(t),
         "threads": torch.get_num_threads(),
         "cpu": cpu_identity(),
         "torch": torch.__version__,

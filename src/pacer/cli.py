@@ -82,7 +82,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     is not a near-tie (a real losslessness failure); 0 otherwise."""
 
     if args.method == "auto":  # PACER with the shipped pre-verifier on the default pair, plain SD on other pairs
-        args.method = "pacer" if args.draft == "default-draft" or method_options(args).get("path") else "sd"
+        from .preverify.policy import default_checkpoint
+
+        shipped = (default_checkpoint("pacer", args.backend) / "config.json").exists()
+        args.method = "pacer" if (args.draft == "default-draft" and shipped) or method_options(args).get("path") \
+            else "sd"
     check_args(args)
     ignored = [flag for flag, used in (("--temperature", args.temperature != 0.0), ("--top-k", args.top_k != 0),
                                        ("--top-p", args.top_p != 1.0), ("--seed", args.seed != 0),
@@ -93,7 +97,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .calibration import describe_cpu, weights_kind
 
     dec = load_decoder(args)
-    print(f"pacer demo: target {args.target}, draft {args.draft}, {args.dtype}, {dec.threads} threads, "
+    runs = args.dtype if args.backend == "transformers" else f"{args.backend} backend"
+    print(f"pacer demo: target {args.target}, draft {args.draft}, {runs}, {dec.threads} threads, "
           f"method {args.method}, {args.max_new_tokens} new tokens per prompt")
     print(f"machine: {describe_cpu()}")
     print(f"weights: target {weights_kind(dec.target_info)}, draft {weights_kind(dec.draft_info)}"

@@ -95,10 +95,9 @@ def auto_size(decoder) -> int:
     """What ``--draft-vocab auto`` means for ``decoder``'s draft: :data:`AUTO_SIZE`, or 0 (the full vocabulary) for
     a draft vocabulary under :data:`AUTO_MIN_VOCAB` tokens or a pair without a tokenizer."""
     info = decoder.draft_info
-    if info is None or decoder.tokenizer is None:
+    if info is None or decoder.tokenizer is None or not info.reduced_head:
         return 0
-    vocab = int(info.model.get_output_embeddings().weight.shape[0])
-    return AUTO_SIZE if vocab >= AUTO_MIN_VOCAB else 0
+    return AUTO_SIZE if info.vocab_size >= AUTO_MIN_VOCAB else 0
 
 
 def parse(text: str, name: str = "draft_vocab") -> int | str:
@@ -127,7 +126,10 @@ def load_or_build(decoder, size: int, home: Path | None = None, texts: Iterable[
     info = decoder.draft_info
     if info is None:
         raise PacerError("a reduced draft vocabulary needs a draft model")
-    vocab = int(info.model.get_output_embeddings().weight.shape[0])
+    if not info.reduced_head:
+        raise PacerError(f"the {info.backend} backend scores the whole vocabulary; drop --draft-vocab (or use "
+                         f"--backend transformers)")
+    vocab = info.vocab_size
     check_size(size, vocab)
     if decoder.tokenizer is None:
         raise PacerError("a reduced draft vocabulary needs a tokenizer to count token frequencies; this pair has none")

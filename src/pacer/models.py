@@ -138,9 +138,19 @@ def assemble_gguf(spec: GgufSpec, home: Path | None = None, progress: bool = Tru
 
 
 # -------------------------------------------------------------------------------------------------- loading
+#: the model backends (``--backend``): ``transformers`` (PyTorch, the reference) and ``llamacpp`` (GGUF files run by
+#: llama.cpp's own kernels, :mod:`pacer.decoding.llama_backend`)
+BACKENDS = ("transformers", "llamacpp")
+
+
 @dataclass
 class LoadedModel:
-    """A causal LM with its tokenizer and provenance (``source`` and ``fingerprint`` identify the weights)."""
+    """A causal LM with its tokenizer and provenance (``source`` and ``fingerprint`` identify the weights), as the
+    ``transformers`` backend runs it; :class:`GgufModel` is the same contract on llama.cpp.
+
+    What the rest of pacer asks of a loaded model is here, never probed: :meth:`open` (a backend with its own
+    cache), ``vocab_size``, ``layers``, ``hidden_size``, ``weights`` (what the weights are, for cache keys) and
+    :meth:`end_ids`."""
 
     model: torch.nn.Module
     tokenizer: object
@@ -148,10 +158,95 @@ class LoadedModel:
     fingerprint: str
     dtype: torch.dtype
     extra: dict = field(default_factory=dict)
+    #: the backend name (:data:`BACKENDS`)
+    backend = "transformers"
+    #: whether a draft backend can score a reduced vocabulary (:mod:`pacer.draftvocab`)
+    reduced_head = True
+
+    def open(self, rows: torch.Tensor | None = None):
+        """A fresh :class:`~pacer.decoding.backend.ModelBackend` on these weights (its own KV cache), scoring the
+        vocabulary ``rows`` (``None``: all)."""
+        from .decoding.hf_backend import TransformersBackend
+
+        return TransformersBackend(self.model, rows)
 
     @property
     def vocab_size(self) -> int:
         return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    @property
+    def weights(self) -> str:
+        """``bfloat16``, ``float32``, ... or ``int8+bfloat16`` for int8 weight-only linear layers."""
+        base = str(self.dtype).removeprefix("torch.")
+        quant = getattr(self.model.config, "pacer_quantization", None)
+        return f"{quant}+{base}" if quant else base
+
+    def end_ids(self) -> set[int]:
+        """End-of-sequence ids: the tokenizer's and the generation config's (instruct models often list
+        several)."""
+        ids: set[int] = set()
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        gc = getattr(self.model, "generation_config", None)
+        if gc is not None and gc.eos_token_id is not None:
+            ids.update([gc.eos_token_id] if isinstance(gc.eos_token_id, int) else gc.eos_token_id)
+        return ids
+
+    def describe(self) -> dict:
+        return {"backend": self.backend, "source": self.source, "fingerprint": self.fingerprint,
+                "dtype": self.weights, "layers": self.layers, "hidden": self.hidden_size,
+                "params": sum(p.numel() for p in self.model.parameters())}
+
+
+@dataclass
+class GgufModel(LoadedModel):
+    """A GGUF file run by llama.cpp (``model`` is a :class:`pacer.decoding.llama_backend.LlamaModel`)."""
+
+    backend = "llamacpp"
+    reduced_head = False  # llama.cpp computes the whole LM head
+
+    def open(self, rows: torch.Tensor | None = None):
+        from .decoding.llama_backend import LlamaCppBackend
+
+        if rows is not None:
+            raise PacerError("the llamacpp backend scores the whole vocabulary; drop --draft-vocab (or use "
+                             "--backend transformers)")
+        return LlamaCppBackend(self.model)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.n_vocab
+
+    @property
+    def layers(self) -> int:
+        return self.model.n_layer
+
+    @property
+    def hidden_size(self) -> int:
+        return self.model.n_embd
+
+    @property
+    def weights(self) -> str:
+        return f"gguf:{self.extra.get('file_type', 'unknown')}"
+
+    def end_ids(self) -> set[int]:
+        ids = self.model.end_tokens()
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return ids
+
+    def describe(self) -> dict:
+        return {"backend": self.backend, "source": self.source, "fingerprint": self.fingerprint,
+                "dtype": self.weights, "layers": self.layers, "hidden": self.hidden_size,
+                "params": self.extra.get("params")}
 
 
 def _first_line(e: BaseException) -> str:
@@ -329,14 +424,97 @@ def _load_folder(path: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, objec
     return model, tok
 
 
+def check_backend(backend: str, *specs: str | None) -> None:
+    """A one-line error, before anything loads, for an unknown backend or a model it cannot run (llama.cpp runs
+    GGUF files: the default pair's, or a ``.gguf`` path)."""
+    if backend not in BACKENDS:
+        raise PacerError(f"unknown backend '{backend}'; use one of {', '.join(BACKENDS)}")
+    if backend != "llamacpp":
+        return
+    for spec in specs:
+        if spec is None or spec in DEFAULT_NAMES:
+            continue
+        path = Path(spec).expanduser()
+        if path.exists() and not (path.is_file() and path.suffix == ".gguf"):
+            raise PacerError(f"the llamacpp backend runs GGUF files and '{spec}' is not one; pass a .gguf file "
+                             f"or use --backend transformers")
+    from .decoding.llama_backend import lib
+
+    lib()  # llama-cpp-python is installed (else a one-line error saying how to get it)
+
+
+def _gguf_file(spec: str, home: Path, progress: bool) -> tuple[Path, str]:
+    """The GGUF file behind ``spec`` (the default pair's assembled and hash-checked) and its sha256."""
+    if spec in DEFAULT_NAMES:
+        g = DEFAULT_NAMES[spec]
+        return assemble_gguf(g, home, progress), g.sha256
+    path = Path(spec).expanduser()
+    if not path.is_file() or path.suffix != ".gguf":
+        raise PacerError(f"the llamacpp backend runs GGUF files and '{spec}' is not one; pass a .gguf file or "
+                         f"use --backend transformers")
+    return path, file_sha256(path, home)
+
+
+def _gguf_tokenizer(path: Path, digest: str, home: Path):
+    """The GGUF file's tokenizer as a transformers tokenizer, cached (with a manifest, checked on every load)
+    under ``$PACER_HOME/tokenizers`` by the file's sha256: building it from the GGUF reads the whole file once."""
+    from transformers import AutoTokenizer
+
+    folder = home / "tokenizers" / digest[:24]
+    if folder.exists() and check_manifest(folder) is None:
+        with _no_progress_bars():
+            return AutoTokenizer.from_pretrained(str(folder))
+    try:
+        with _no_progress_bars():
+            tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as e:  # transformers and tokenizers raise many types for a tokenizer they cannot build
+        raise PacerError(f"cannot read the tokenizer of {path}: {_first_line(e)}") from e
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".tmp"))
+    try:
+        tok.save_pretrained(tmp)
+        write_manifest(tmp)
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(tmp, folder)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)  # a read-only home: read it from the GGUF next time
+    return tok
+
+
+def load_gguf(spec: str, home: Path | None = None, progress: bool = True) -> GgufModel:
+    """Load ``spec`` (``default-target``/``default-draft`` or a ``.gguf`` file) for the llamacpp backend: the file
+    as it is (no conversion), its tokenizer, its sha256 as the fingerprint."""
+    from .decoding.llama_backend import LlamaModel
+
+    home = home or pacer_home()
+    sweep_stale(home)
+    path, digest = _gguf_file(spec, home, progress)
+    model = LlamaModel(path)
+    tok = _gguf_tokenizer(path, digest, home)
+    try:
+        import gguf
+
+        ftype = gguf.LlamaFileType(int(model.meta("general.file_type") or -1)).name.removeprefix("MOSTLY_")
+    except (ValueError, ImportError):
+        ftype = "unknown"
+    return GgufModel(model, tok, spec, digest, torch.float32, extra={"file_type": ftype, "path": str(path),
+                                                                     "params": model.n_params})
+
+
 def load_model(
-    spec: str, dtype: str = "bfloat16", home: Path | None = None, progress: bool = True
+    spec: str, dtype: str = "bfloat16", home: Path | None = None, progress: bool = True,
+    backend: str = "transformers",
 ) -> LoadedModel:
     """Load ``spec``: ``default-target``/``default-draft``, a Hugging Face model folder, or a ``.gguf`` file.
 
-    GGUF files (including the default pair) are converted once to a safetensors folder in ``dtype`` and cached
-    under ``$PACER_HOME/models`` keyed by the file's sha256, so later loads take seconds.
+    With ``backend="llamacpp"`` a GGUF file is run as it is by llama.cpp (:func:`load_gguf`; ``dtype`` does not
+    apply). Otherwise GGUF files (including the default pair) are converted once to a safetensors folder in
+    ``dtype`` and cached under ``$PACER_HOME/models`` keyed by the file's sha256, so later loads take seconds.
     """
+    check_backend(backend)
+    if backend == "llamacpp":
+        return load_gguf(spec, home, progress)
     if dtype not in DTYPES:
         raise PacerError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)}")
     torch_dtype = DTYPES[dtype]
@@ -445,24 +623,9 @@ def check_same_tokenizer(target_tok, draft_tok) -> None:
 
 
 def eos_ids(loaded: LoadedModel) -> set[int]:
-    """End-of-sequence ids: the tokenizer's and the generation config's (instruct models often list
-    several)."""
-    ids: set[int] = set()
-    if loaded.tokenizer is not None and loaded.tokenizer.eos_token_id is not None:
-        ids.add(int(loaded.tokenizer.eos_token_id))
-    gc = getattr(loaded.model, "generation_config", None)
-    if gc is not None and gc.eos_token_id is not None:
-        ids.update([gc.eos_token_id] if isinstance(gc.eos_token_id, int) else gc.eos_token_id)
-    return ids
+    """End-of-sequence ids of a loaded model (see :meth:`LoadedModel.end_ids`)."""
+    return loaded.end_ids()
 
 
 def describe(loaded: LoadedModel) -> dict:
-    cfg = loaded.model.config
-    return {
-        "source": loaded.source,
-        "fingerprint": loaded.fingerprint,
-        "dtype": str(loaded.dtype).replace("torch.", ""),
-        "layers": cfg.num_hidden_layers,
-        "hidden": cfg.hidden_size,
-        "params": sum(p.numel() for p in loaded.model.parameters()),
-    }
+    return loaded.describe()

@@ -94,3 +94,75 @@ def save_tiny_pair(folder: Path, draft: str = "close", seed: int = 0) -> tuple[P
         m.tokenizer.save_pretrained(p)
         out.append(p)
     return out[0], out[1]
+
+
+#: transformers' Qwen2 parameter names -> llama.cpp's GGUF tensor names (``{i}``: the layer)
+GGUF_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+    "model.layers.{i}.input_layernorm.weight": "blk.{i}.attn_norm.weight",
+    "model.layers.{i}.post_attention_layernorm.weight": "blk.{i}.ffn_norm.weight",
+    "model.layers.{i}.self_attn.q_proj.weight": "blk.{i}.attn_q.weight",
+    "model.layers.{i}.self_attn.q_proj.bias": "blk.{i}.attn_q.bias",
+    "model.layers.{i}.self_attn.k_proj.weight": "blk.{i}.attn_k.weight",
+    "model.layers.{i}.self_attn.k_proj.bias": "blk.{i}.attn_k.bias",
+    "model.layers.{i}.self_attn.v_proj.weight": "blk.{i}.attn_v.weight",
+    "model.layers.{i}.self_attn.v_proj.bias": "blk.{i}.attn_v.bias",
+    "model.layers.{i}.self_attn.o_proj.weight": "blk.{i}.attn_output.weight",
+    "model.layers.{i}.mlp.gate_proj.weight": "blk.{i}.ffn_gate.weight",
+    "model.layers.{i}.mlp.up_proj.weight": "blk.{i}.ffn_up.weight",
+    "model.layers.{i}.mlp.down_proj.weight": "blk.{i}.ffn_down.weight",
+}
+
+
+def save_tiny_gguf(model: torch.nn.Module, tokenizer, path: Path) -> Path:
+    """Write a tiny Qwen2 model (float32 tensors) and its byte-level tokenizer as a GGUF file that llama.cpp
+    loads (``arch = qwen2``: llama.cpp's NEOX rotary embedding is transformers' ``rotate_half``, so the q/k
+    weights go in as they are)."""
+    import re
+
+    import gguf
+
+    cfg = model.config
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    w.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    vocab = tokenizer.get_vocab()
+    tokens = [""] * cfg.vocab_size
+    for t, i in vocab.items():
+        if i < cfg.vocab_size:
+            tokens[i] = t
+    tokens = [t or f"[PAD{i}]" for i, t in enumerate(tokens)]
+    special = set(SPECIALS)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens])
+    # llama.cpp requires a merges list (pacer never tokenizes with llama.cpp); transformers cannot rebuild this
+    # tokenizer from it, so pair the file with the tokenizer itself (tests seed pacer's tokenizer cache)
+    w.add_token_merges(["Ġ Ġ"])
+    w.add_eos_token_id(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    w.add_bos_token_id(tokenizer.convert_tokens_to_ids("<|endoftext|>"))
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHAT_TEMPLATE)
+    for name, t in model.state_dict().items():
+        m = re.match(r"model\.layers\.(\d+)\.(.*)", name)
+        key = f"model.layers.{{i}}.{m.group(2)}" if m else name
+        if key not in GGUF_NAMES:
+            raise ValueError(f"no GGUF name for {name}")
+        w.add_tensor(GGUF_NAMES[key].format(i=m.group(1) if m else ""), t.detach().float().numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

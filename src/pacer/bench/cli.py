@@ -16,9 +16,12 @@ from ..errors import PacerError
 
 DEFAULT_METHODS = ("ar,sd:gamma=4,heuristic,confidence,entropy,oracle,hf-assisted,"
                    "hf-assisted:schedule=heuristic")
+#: the llamacpp backend's default run (issue 14's table: llama.cpp's own p-min rule at 0.4 and 0.6, fixed γ 2..6)
+DEFAULT_METHODS_LLAMACPP = ("ar,sd:gamma=2..6,confidence:threshold=0.4,confidence:threshold=0.6,entropy,pacer,"
+                            "ouroboros,lookup,oracle")
 #: settings that must match when a run is resumed (the rest - methods, questions, repeats - may grow)
 PINNED = ("target", "draft", "target_fingerprint", "draft_fingerprint", "dtype", "threads", "max_new_tokens",
-          "quick", "draft_vocab", "target_weights", "draft_weights")
+          "quick", "draft_vocab", "target_weights", "draft_weights", "backend")
 
 
 def register(subparsers) -> None:
@@ -35,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--methods", default=None,
                    help="comma-separated name:key=val:... items, e.g. 'ar,sd:gamma=2..8,heuristic,"
                         "confidence:threshold=0.4,oracle,pacer,hf-assisted,hf-assisted:schedule=heuristic' "
-                        f"(default: {DEFAULT_METHODS})")
+                        f"(default: {DEFAULT_METHODS}; with --backend llamacpp: {DEFAULT_METHODS_LLAMACPP})")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--questions", type=Path, default=None,
                      help="Spec-Bench / MT-bench question JSONL (question_id, category, turns)")
@@ -116,8 +119,9 @@ def command_line(args: argparse.Namespace, methods: str) -> str:
         parts += ["--select-seed", str(args.select_seed)]
     parts += ["--max-new-tokens", str(args.max_new_tokens), "--repeats", str(args.repeats)]
     if not args.quick:
-        parts += ["--target", args.target, "--draft", args.draft, "--dtype", args.dtype,
-                  "--draft-quant", args.draft_quant, "--quantize", args.quantize]
+        parts += ["--target", args.target, "--draft", args.draft, "--backend", args.backend]
+        if args.backend == "transformers":
+            parts += ["--dtype", args.dtype, "--draft-quant", args.draft_quant, "--quantize", args.quantize]
     if args.threads:
         parts += ["--threads", str(args.threads)]
     parts += ["--draft-vocab", str(args.draft_vocab)]
@@ -202,7 +206,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.recheck_lossless:
         return recheck_lossless(out)
     _validate(args)
-    methods_text = args.methods or DEFAULT_METHODS
+    methods_text = args.methods or (DEFAULT_METHODS_LLAMACPP if args.backend == "llamacpp" else DEFAULT_METHODS)
     specs = parse_methods(methods_text)  # errors before anything is loaded or written
     questions = load_questions(args)
     if out.exists() and not out.is_dir():
@@ -235,7 +239,7 @@ def _load_decoder(args: argparse.Namespace):
         dec = Decoder(*tiny_pair("close"), threads=args.threads, draft_vocab=args.draft_vocab)
         return dec, "tiny-close-target", "tiny-close-draft", "float32"
     dec = load_decoder(args)
-    return dec, args.target, args.draft, args.dtype
+    return dec, args.target, args.draft, args.dtype if args.backend == "transformers" else dec.target_info.weights
 
 
 def recheck_lossless(out: Path) -> int:
@@ -307,12 +311,15 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
         "max_new_tokens": args.max_new_tokens, "quick": bool(args.quick), "draft_vocab": args.draft_vocab,
         "target_weights": weights_kind(dec.target_info),
         "draft_weights": weights_kind(dec.draft_info) if dec.draft_info else None,
+        "backend": dec.backend,
     }
     if args.resume and previous:
         for k in PINNED:
-            if k not in previous and k != "draft_vocab":
+            if k not in previous and k not in ("draft_vocab", "backend"):
                 continue
-            old = previous.get(k) or 0 if k == "draft_vocab" else previous[k]  # before the flag: full vocabulary
+            # runs made before a setting existed: the full vocabulary, the transformers backend
+            old = previous.get(k) or 0 if k == "draft_vocab" else previous.get(k, "transformers") \
+                if k == "backend" else previous[k]
             if old != config[k]:
                 raise PacerError(f"--resume: {out} was run with {k}={old!r}, this run has "
                                  f"{config[k]!r}; use the same settings or another --out")

@@ -7,8 +7,10 @@ A backend is one causal LM plus its KV cache. Terms:
 * :meth:`ModelBackend.forward` - score ``ids`` after the cached tokens (the cache grows by ``len(ids)``);
   returns float32 logits ``[keep, V]`` of the last ``keep`` rows (all rows when ``keep`` is 0; ``V`` =
   :attr:`~ModelBackend.vocab_size`) and, with ``hidden=True``, the hidden states (a tuple over layers, embeddings
-  first, of ``[len(ids), H]``). A :class:`Tree` replaces the causal chain over ``ids`` by a token tree (Ouroboros
-  candidate branches, :mod:`pacer.decoding.tree`).
+  first, of ``[len(ids), H]``; a backend that gives fewer layers says which in
+  :attr:`~ModelBackend.hidden_layers`). A :class:`Tree` replaces the causal chain over ``ids`` by a token tree
+  (Ouroboros candidate branches, :mod:`pacer.decoding.tree`); after a tree forward the cache holds at least the
+  tree's leading causal chain, and the caller crops it to what it keeps.
 * :meth:`ModelBackend.crop` - forget every cached token past a length (the roll-back of a rejected draft).
 * :meth:`ModelBackend.score` - logits of a whole sequence from scratch, full vocabulary, cache untouched (the
   oracle's teacher-forced pass and the divergence diagnosis; not on the hot path).
@@ -59,6 +61,9 @@ class ModelBackend(ABC):
     device: torch.device
     dtype: torch.dtype
     identity: object
+    #: the hidden states ``forward(hidden=True)`` returns, as indices into transformers' ``hidden_states``
+    #: (``None``: all of them, embeddings first; llama.cpp: ``(-1,)``, the final normed state only)
+    hidden_layers: tuple[int, ...] | None = None
 
     @abstractmethod
     def reset(self) -> None:

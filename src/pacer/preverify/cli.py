@@ -39,9 +39,14 @@ def cmd_collect(args) -> int:
     if args.n <= 0 or args.max_new_tokens <= 0 or args.max_draft <= 0:
         raise PacerError("--n, --max-new-tokens and --max-draft must be >= 1")
     dec = load_decoder(args)
-    cfg = dec.draft_info.model.config
-    spec = FeatureSpec(args.layers, int(cfg.hidden_size), args.max_draft)
-    spec.check_fits(int(cfg.num_hidden_layers), int(cfg.hidden_size), f"the draft {args.draft}")
+    info = dec.draft_info
+    layers = args.layers if args.layers is not None else ((-1,) if info.backend == "llamacpp" else (-13, -1))
+    spec = FeatureSpec(layers, info.hidden_size, args.max_draft)
+    spec.check_fits(info.layers, info.hidden_size, f"the draft {args.draft}")
+    offered = info.open().hidden_layers
+    if offered is not None and not set(layers) <= set(offered):
+        raise PacerError(f"the {info.backend} backend gives the draft's hidden layer(s) {list(offered)} only; "
+                         f"pass --layers {','.join(map(str, offered))}")
     manifest = collect(dec, Path(args.out), args.n, args.max_new_tokens, spec, args.seed, args.shard_size,
                        args.skip)
     if "costs" not in manifest:
@@ -97,7 +102,8 @@ def register(sub) -> None:
     c.add_argument("--n", type=int, default=300, help="number of prompts")
     c.add_argument("--max-new-tokens", type=int, default=48)
     c.add_argument("--max-draft", type=int, default=16, help="draft tokens per round while collecting")
-    c.add_argument("--layers", type=_layers, default=(-13, -1), help="draft hidden-state layers, e.g. -13,-1")
+    c.add_argument("--layers", type=_layers, default=None,
+                   help="draft hidden-state layers, e.g. -13,-1 (default: -13,-1; -1 on the llamacpp backend)")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--shard-size", type=int, default=4, help="prompts per shard")
     c.add_argument("--skip", type=int, default=0,

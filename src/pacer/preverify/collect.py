@@ -76,14 +76,15 @@ def collect(decoder, out_dir: Path, n_prompts: int, max_new_tokens: int = 48, sp
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    spec = spec or FeatureSpec(hidden_size=int(decoder.draft_info.model.config.hidden_size))
+    spec = spec or FeatureSpec(hidden_size=decoder.draft_info.hidden_size)
     manifest_path = out_dir / "manifest.json"
     ident = {"target": decoder.target_info.fingerprint, "draft": decoder.draft_info.fingerprint,
              "feature_spec": spec.to_dict(), "seed": seed, "max_new_tokens": max_new_tokens,
-             "source": "sharegpt first turns, chat template", "skip": skip}
+             "source": "sharegpt first turns, chat template", "skip": skip,
+             "backend": decoder.backend}
     if manifest_path.exists():
         manifest = read_manifest(manifest_path)
-        if any(manifest.get(k) != v for k, v in ident.items()):
+        if any({"backend": "transformers", **manifest}.get(k) != v for k, v in ident.items()):
             raise PacerError(f"{out_dir} holds data collected with other settings or models; use a new --out folder")
     else:
         manifest = {**ident, "shards": [], "prompts_done": 0, "tokens": 0, "rounds": 0, "seconds": 0.0}

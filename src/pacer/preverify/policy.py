@@ -26,13 +26,17 @@ from .layer import PreVerifier, TokenHead
 DEFAULT_CHECKPOINTS = {"pacer": "pacer-default", "specdecpp": "specdecpp-default"}
 
 
-def default_checkpoint(kind: str) -> Path:
-    return Path(str(resources.files("pacer") / "checkpoints" / DEFAULT_CHECKPOINTS[kind]))
+def default_checkpoint(kind: str, backend: str = "transformers") -> Path:
+    """The shipped checkpoint of ``kind`` for features computed by ``backend`` (llama.cpp gives only the final
+    hidden state, so its checkpoints read other features: ``pacer-llamacpp``)."""
+    name = DEFAULT_CHECKPOINTS[kind] if backend == "transformers" else f"{kind}-{backend}"
+    return Path(str(resources.files("pacer") / "checkpoints" / name))
 
 
-def load_checkpoint(path: Path | str, draft_fingerprint: str | None = None, draft_config=None):
+def load_checkpoint(path: Path | str, draft_fingerprint: str | None = None, draft=None):
     """``(model, mu, sd, config)``; refuses a missing/corrupt checkpoint, one made for another draft model, or one
-    whose features the draft (its ``draft_config``: layers, hidden size) cannot give."""
+    whose features the draft (``draft``: a :class:`pacer.models.LoadedModel`: its backend, layers, hidden size)
+    cannot give."""
     path = Path(path)
     cfg_path, w_path = path / "config.json", path / "weights.safetensors"
     if not cfg_path.exists() or not w_path.exists():
@@ -47,14 +51,17 @@ def load_checkpoint(path: Path | str, draft_fingerprint: str | None = None, draf
     digest = hashlib.sha256(w_path.read_bytes()).hexdigest()
     if digest != cfg.get("weights_sha256"):
         raise PacerError(f"checkpoint weights {w_path} are corrupt (sha256 mismatch); retrain or restore them")
+    made_on = cfg.get("backend", "transformers")
+    if draft is not None and made_on != draft.backend:
+        raise PacerError(f"checkpoint {path} reads features of the {made_on} backend, not of {draft.backend}; use a "
+                         f"checkpoint trained on this backend (pacer collect/train --backend {draft.backend})")
     if draft_fingerprint is not None and cfg.get("draft_fingerprint") != draft_fingerprint:
         raise PacerError(
             f"checkpoint {path} was trained for draft model {str(cfg.get('draft_fingerprint'))[:16]}..., not for "
             f"this draft ({draft_fingerprint[:16]}...); collect and train one for this pair (pacer collect/train)"
         )
-    if draft_config is not None:
-        spec.check_fits(int(draft_config.num_hidden_layers), int(draft_config.hidden_size),
-                        f"this draft (checkpoint {path})")
+    if draft is not None:
+        spec.check_fits(draft.layers, draft.hidden_size, f"this draft (checkpoint {path})")
     try:
         tensors = load_file(str(w_path))
     except Exception as e:  # safetensors raises several types on a damaged file
@@ -196,9 +203,9 @@ class SpecDecPPPolicy(_LearnedPolicy):
 
 
 def make_learned_policy(kind: str, path: Path | str | None, draft_fingerprint: str | None, bounds: dict,
-                        opts: dict, draft_config=None) -> DraftPolicy:
-    ckpt = Path(path) if path else default_checkpoint(kind)
-    model, mu, sd, cfg = load_checkpoint(ckpt, draft_fingerprint, draft_config)
+                        opts: dict, draft=None) -> DraftPolicy:
+    ckpt = Path(path) if path else default_checkpoint(kind, draft.backend if draft is not None else "transformers")
+    model, mu, sd, cfg = load_checkpoint(ckpt, draft_fingerprint, draft)
     if cfg["kind"] != kind:
         raise PacerError(f"checkpoint {ckpt} is a '{cfg['kind']}' checkpoint, not '{kind}'")
     cls = PacerPolicy if kind == "pacer" else SpecDecPPPolicy
@@ -218,10 +225,11 @@ def load_policy(decoder, kind: str, bounds: dict, opts: dict) -> DraftPolicy:
     thr = opts.pop("threshold", None)
     if decoder.draft_info is None:
         raise PacerError(f"method '{kind}' needs a draft model")
-    if path is None and not (default_checkpoint(kind) / "config.json").exists():
-        raise PacerError(f"no shipped {kind} checkpoint; pass a checkpoint folder as the option path")
-    pol = make_learned_policy(kind, path, decoder.draft_info.fingerprint, {**bounds}, opts,
-                              decoder.draft_info.model.config)
+    backend = decoder.draft_info.backend
+    if path is None and not (default_checkpoint(kind, backend) / "config.json").exists():
+        raise PacerError(f"no shipped {kind} checkpoint for the {backend} backend; pass a checkpoint folder as the "
+                         f"option path (--preverifier)")
+    pol = make_learned_policy(kind, path, decoder.draft_info.fingerprint, {**bounds}, opts, decoder.draft_info)
     if thr is not None and not 0.0 <= thr <= 1.0:
         raise PacerError(f"threshold must be in [0, 1], got {thr}")
     if thr is not None or "threshold" in given:

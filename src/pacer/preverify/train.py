@@ -341,6 +341,7 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
         "threshold": report["threshold"],
         "min_draft": min_draft,
         "max_draft": spec.max_draft,
+        "backend": manifest.get("backend", "transformers"),
         "draft_fingerprint": manifest["draft"],
         "target_fingerprint": manifest["target"],
         "costs": costs.to_dict(),

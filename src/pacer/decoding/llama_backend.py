@@ -1,0 +1,266 @@
+"""The llama.cpp implementation of :class:`~pacer.decoding.backend.ModelBackend`, on llama-cpp-python's bindings
+of llama.cpp's C API (``llama_decode`` over a batch, ``llama_memory_seq_rm`` for the roll-back).
+
+pacer's loop drives llama.cpp directly: a forward is one ``llama_decode`` of the new tokens (one sequence, id 0,
+positions going on after the cache), with logits kept only for the rows the caller reads; a roll-back removes the
+rejected cells from the KV cache (no re-evaluation); :meth:`LlamaCppBackend.score` uses a context of its own, so the
+cache is untouched. llama.cpp computes the whole LM head, so a reduced draft vocabulary does not apply here.
+
+Hidden states: llama.cpp gives the final, normed hidden state of each token (its "embeddings" with pooling off,
+which also outputs every row's logits), so :attr:`LlamaCppBackend.hidden_layers` is ``(-1,)``: a pre-verifier that
+reads deeper layers needs a checkpoint trained on this backend's features (see :mod:`pacer.preverify`).
+
+Trees: a llama.cpp batch expresses a token tree through per-token sequence ids; the candidate branches of
+Ouroboros are scored that way (:meth:`LlamaCppBackend.forward` with a ``tree``): the main chain belongs to the
+sequence and every branch, each branch token to its own sequence only, and the branch sequences are dropped after
+the forward.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import PacerError
+from .backend import Hidden, ModelBackend, Tree
+
+#: the pinned binding (scripts/setup.sh builds it from PyPI's source)
+LLAMA_CPP_VERSION = "0.3.36"
+#: tokens per ``llama_decode`` call (a longer prompt is fed in chunks)
+N_BATCH = 512
+#: the most candidate branches one tree forward scores (each is a sequence id of its own)
+MAX_BRANCHES = 8
+#: the default context of a llama.cpp backend (capped by the model's training context)
+DEFAULT_CONTEXT = 4096
+
+_state: dict = {}
+
+
+def lib():
+    """The ``llama_cpp`` module, initialised once, with llama.cpp's log going to a buffer (errors are shown in
+    pacer's messages, the rest is dropped)."""
+    if "lib" in _state:
+        return _state["lib"]
+    try:
+        import llama_cpp
+    except ImportError as e:
+        raise PacerError(f"the llamacpp backend needs llama-cpp-python=={LLAMA_CPP_VERSION}; run `bash "
+                         f"scripts/setup.sh` (it builds it, about 10 minutes once)") from e
+    log: list[str] = []
+
+    @llama_cpp.llama_log_callback
+    def _log(level: int, text: bytes, user_data) -> None:
+        if level in (3, 4):  # GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR
+            log.append(text.decode("utf-8", "replace").strip())
+            del log[:-20]
+
+    llama_cpp.llama_log_set(_log, ctypes.c_void_p(0))
+    llama_cpp.llama_backend_init()
+    _state.update(lib=llama_cpp, log=log, callback=_log)  # the callback must outlive every call
+    return llama_cpp
+
+
+def available() -> bool:
+    """Whether llama-cpp-python can be imported (tests skip the llama.cpp ones without it)."""
+    try:
+        lib()
+        return True
+    except PacerError:
+        return False
+
+
+def _last_error() -> str:
+    log = [ln for ln in _state.get("log") or [] if not ln.endswith("failed to load model")]
+    return log[-1] if log else "no message from llama.cpp"
+
+
+class LlamaModel:
+    """One GGUF file loaded by llama.cpp (weights memory-mapped, CPU), shared by every backend on it."""
+
+    def __init__(self, path: str | Path) -> None:
+        ll = lib()
+        self.path = Path(path)
+        params = ll.llama_model_default_params()
+        params.n_gpu_layers = 0
+        self.ptr = ll.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self.ptr:
+            raise PacerError(f"llama.cpp cannot load {self.path} ({_last_error()}); pass a GGUF model file")
+        self.vocab = ll.llama_model_get_vocab(self.ptr)
+        self.n_vocab = int(ll.llama_vocab_n_tokens(self.vocab))
+        self.n_embd = int(ll.llama_model_n_embd(self.ptr))
+        self.n_layer = int(ll.llama_model_n_layer(self.ptr))
+        self.n_ctx_train = int(ll.llama_model_n_ctx_train(self.ptr))
+        self.n_params = int(ll.llama_model_n_params(self.ptr))
+        self.context = min(self.n_ctx_train or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
+        self._lib = ll
+
+    def meta(self, key: str) -> str | None:
+        """A GGUF metadata value as text (``None`` when absent)."""
+        buf = ctypes.create_string_buffer(256)
+        n = self._lib.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def end_tokens(self) -> set[int]:
+        """The ids llama.cpp treats as end of generation (EOS, EOT, ...)."""
+        return {i for i in range(self.n_vocab) if self._lib.llama_vocab_is_eog(self.vocab, i)}
+
+    def new_context(self, n_ctx: int, n_seq: int = 1):
+        ll = self._lib
+        p = ll.llama_context_default_params()
+        p.n_ctx = n_ctx
+        p.n_batch = p.n_ubatch = N_BATCH
+        p.n_seq_max = n_seq
+        p.kv_unified = True  # sequences share the cache's cells (a tree's branches see the cached prefix)
+        p.n_threads = p.n_threads_batch = torch.get_num_threads()  # pacer's thread setting (models.set_threads)
+        p.pooling_type = ll.LLAMA_POOLING_TYPE_NONE
+        p.embeddings = False
+        p.no_perf = True
+        ctx = ll.llama_init_from_model(self.ptr, p)
+        if not ctx:
+            raise PacerError(f"llama.cpp cannot create a context of {n_ctx} tokens for {self.path.name} "
+                             f"({_last_error()})")
+        return ctx
+
+    def __del__(self) -> None:
+        if getattr(self, "ptr", None):
+            try:
+                self._lib.llama_model_free(self.ptr)
+            except Exception:  # interpreter shutdown: the library may be gone already
+                pass
+            self.ptr = None
+
+
+class LlamaCppBackend(ModelBackend):
+    """A llama.cpp context (its KV cache) on a :class:`LlamaModel` (see the module docstring)."""
+
+    hidden_layers = (-1,)
+    trees = True
+
+    def __init__(self, model: LlamaModel, context: int | None = None) -> None:
+        self.llama = model
+        self.identity = model
+        self.context = int(context or model.context)
+        self.vocab_size = model.n_vocab
+        self.device = torch.device("cpu")
+        self.dtype = torch.float32
+        ll = self._lib = model._lib
+        self._ctx = model.new_context(self.context, n_seq=1 + MAX_BRANCHES)
+        self._mem = ll.llama_get_memory(self._ctx)
+        self._batch = ll.llama_batch_init(N_BATCH, 0, 1 + MAX_BRANCHES)
+        self._embeddings = False
+        self.length = 0
+
+    def __del__(self) -> None:
+        ll = getattr(self, "_lib", None)
+        try:
+            if getattr(self, "_batch", None) is not None:
+                ll.llama_batch_free(self._batch)
+                self._batch = None
+            if getattr(self, "_ctx", None):
+                ll.llama_free(self._ctx)
+                self._ctx = None
+        except Exception:  # interpreter shutdown
+            pass
+
+    def reset(self) -> None:
+        self._lib.llama_memory_clear(self._mem, True)
+        self.length = 0
+
+    def forward(self, ids: Sequence[int], *, keep: int = 0, hidden: bool = False,
+                tree: Tree | None = None) -> tuple[torch.Tensor, Hidden | None]:
+        n = len(ids)
+        if n == 0:
+            raise PacerError("a forward needs at least one token")
+        if self.length + n > self.context:
+            raise PacerError(f"{self.length + n} tokens exceed this llama.cpp context ({self.context})")
+        keep = keep or n
+        if hidden != self._embeddings:
+            self._lib.llama_set_embeddings(self._ctx, hidden)
+            self._embeddings = hidden
+        seqs, chain = self._tree_seqs(tree, n) if tree is not None else (None, n)
+        rows: list[np.ndarray] = []
+        states: list[np.ndarray] = []
+        for start in range(0, n, N_BATCH):
+            size = min(N_BATCH, n - start)
+            self._decode(ids, start, size, n - keep, tree, seqs)
+            for j in range(size):
+                if hidden:
+                    states.append(self._row(self._lib.llama_get_embeddings_ith, j, self.llama.n_embd))
+                if start + j >= n - keep:
+                    rows.append(self._row(self._lib.llama_get_logits_ith, j, self.vocab_size))
+        if chain < n:  # the branch sequences are dropped; the chain stays in sequence 0
+            for s in range(1, 1 + MAX_BRANCHES):
+                self._lib.llama_memory_seq_rm(self._mem, s, -1, -1)
+        self.length += chain
+        logits = torch.from_numpy(np.stack(rows))
+        hs = (torch.from_numpy(np.stack(states)),) if hidden else None
+        return logits, hs
+
+    def _decode(self, ids, start: int, size: int, first_kept: int, tree: Tree | None, seqs) -> None:
+        b = self._batch
+        b.n_tokens = size
+        for j in range(size):
+            i = start + j
+            b.token[j] = int(ids[i])
+            if tree is None:
+                b.pos[j] = self.length + i
+                b.n_seq_id[j] = 1
+                b.seq_id[j][0] = 0
+            else:
+                b.pos[j] = self.length + tree.depth[i]
+                owners = seqs[i]
+                b.n_seq_id[j] = len(owners)
+                for k, s in enumerate(owners):
+                    b.seq_id[j][k] = s
+            b.logits[j] = 1 if i >= first_kept else 0
+        rc = self._lib.llama_decode(self._ctx, b)
+        if rc != 0:
+            raise PacerError(f"llama.cpp could not score {size} tokens (llama_decode returned {rc}: "
+                             f"{_last_error()})")
+
+    def _tree_seqs(self, tree: Tree, n: int) -> tuple[dict[int, list[int]], int]:
+        """Sequence ids of each new token and the length of the causal chain (the prefix every token attends
+        to), which belongs to sequence 0 and every branch; a branch's tokens belong to that branch's sequence
+        only. Checks that the tree has that shape (what :meth:`pacer.decoding.Draft.tree_inputs` builds)."""
+        attend = tree.attend
+        chain = 0
+        while chain < n and tree.depth[chain] == chain and bool(attend[chain:, chain].all()):
+            chain += 1
+        starts = [i for i in range(chain, n) if i == chain or not bool(attend[i, i - 1])]
+        if not starts:  # a single branch continues the chain: a plain causal forward
+            return {i: [0] for i in range(n)}, n
+        if len(starts) > MAX_BRANCHES:
+            raise PacerError(f"a tree with {len(starts)} branches; the llamacpp backend scores at most "
+                             f"{MAX_BRANCHES}")
+        owner: dict[int, list[int]] = {i: list(range(1 + len(starts))) for i in range(chain)}
+        for s, (a, b) in enumerate(zip(starts, [*starts[1:], n], strict=True), start=1):
+            for i in range(a, b):
+                if tree.depth[i] != chain + i - a:
+                    raise PacerError("the llamacpp backend scores a chain with branches after it, not this tree")
+                owner[i] = [s]
+        for s in range(1, 1 + len(starts)):  # each branch sequence sees the cached prefix
+            self._lib.llama_memory_seq_cp(self._mem, 0, s, -1, -1)
+        return owner, chain
+
+    def _row(self, get, j: int, width: int) -> np.ndarray:
+        ptr = get(self._ctx, j)
+        if not ptr:
+            raise PacerError(f"llama.cpp returned no output for row {j} ({_last_error()})")
+        return np.ctypeslib.as_array(ptr, shape=(width,)).copy()
+
+    def crop(self, length: int) -> None:
+        if length < self.length:
+            self._lib.llama_memory_seq_rm(self._mem, 0, length, -1)
+            self.length = length
+
+    def score(self, ids: Sequence[int]) -> torch.Tensor:
+        other = LlamaCppBackend(self.llama, max(len(ids), 1))
+        try:
+            logits, _ = other.forward(ids)
+        finally:
+            del other
+        return logits

@@ -1,0 +1,211 @@
+"""The llama.cpp backend: tiny random models written as GGUF files in the test (no download) run every method with
+llama.cpp's own kernels, and the output is llama.cpp's own plain greedy decoding of the same file, token for token.
+
+What is checked: the GGUF writer and the backend compute what transformers computes for the same weights (float32,
+so the logits agree closely); ``ar`` on this backend is llama-cpp-python's own greedy generation; every drafting
+method equals ``ar``; the KV cache holds exactly the committed tokens after every round (sequence removal, no
+re-evaluation); a token tree scores each branch as the chain it stands for; settings this backend cannot take are
+one-line errors before any model loads."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import FLAT
+from pacer import Decoder
+from pacer.decoding import Tree
+from pacer.decoding.llama_backend import LlamaCppBackend, LlamaModel, lib
+from pacer.errors import PacerError
+from pacer.models import GgufModel
+from pacer.tiny import save_tiny_gguf, tiny_pair, tiny_tokenizer
+
+PROMPTS = ["hello world, this is", "def f(x):\n    return", "The 3 quick brown foxes"]
+DRAFTING = ["sd", "heuristic", "confidence", "entropy", "oracle", "ouroboros", "lookup"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """The tiny ``close`` pair as two GGUF files (float32 tensors), plus the transformers pair they came from."""
+    folder = tmp_path_factory.mktemp("gguf")
+    t, d = tiny_pair("close")
+    return (save_tiny_gguf(t.model, t.tokenizer, folder / "target.gguf"),
+            save_tiny_gguf(d.model, d.tokenizer, folder / "draft.gguf"), (t, d))
+
+
+def gguf(path, name: str) -> GgufModel:
+    return GgufModel(LlamaModel(path), tiny_tokenizer(), name, name, torch.float32, extra={"file_type": "ALL_F32"})
+
+
+@pytest.fixture(scope="module")
+def dec(files):
+    return Decoder(gguf(files[0], "t"), gguf(files[1], "d"), threads=1, costs=FLAT)
+
+
+def test_gguf_forward_matches_transformers(files, dec):
+    """Same weights, same logits: the GGUF writer's tensor names, llama.cpp's rotary embedding and the backend's
+    positions are right (float32 weights on both sides; llama.cpp keeps its KV cache in float16: the tolerance)."""
+    t, _ = files[2]
+    ids = dec.encode(PROMPTS[1])
+    ref = t.model(torch.tensor([ids])).logits[0]
+    be = dec.target
+    be.reset()
+    got, _ = be.forward(ids)
+    assert got.shape == ref.shape
+    assert torch.allclose(got, ref, atol=5e-2, rtol=1e-3), (got - ref).abs().max()  # f16 KV cache
+    assert torch.equal(got.argmax(-1), ref.argmax(-1))
+
+
+def test_ar_is_llama_cpps_own_greedy_decoding(files, dec):
+    """pacer's plain decoding on this backend is what llama-cpp-python's own generation loop emits (greedy)."""
+    from llama_cpp import Llama
+
+    llm = Llama(str(files[0]), n_ctx=256, n_threads=1, verbose=False)
+    for prompt in PROMPTS:
+        ids = dec.encode(prompt)
+        ar = dec.generate(ids, "ar", max_new_tokens=30).token_ids
+        own = []
+        for tok in llm.generate(ids, temp=0.0, reset=True):
+            own.append(int(tok))
+            if len(own) == len(ar) or tok in dec.eos:
+                break
+        assert own == ar, prompt
+
+
+@pytest.mark.parametrize("method", DRAFTING)
+def test_every_method_equals_plain_decoding(dec, method):
+    for prompt in PROMPTS:
+        ids = dec.encode(prompt)
+        ar = dec.generate(ids, "ar", max_new_tokens=33)
+        for gamma in (None, 1, 3, 8):
+            res = dec.generate(ids, method, max_new_tokens=33, gamma=gamma)
+            assert res.token_ids == ar.token_ids, (method, prompt, gamma)
+            assert res.stats.new_tokens == len(ar.token_ids)
+
+
+def test_cache_holds_exactly_the_committed_tokens_after_every_round(dec, monkeypatch):
+    """After every roll-back the target's and the draft's llama.cpp caches end at the committed length: sequence
+    0's highest position is ``length - 1`` and nothing lies beyond it (branch sequences dropped too)."""
+    ll = lib()
+    checked = []
+    crop = LlamaCppBackend.crop
+
+    def checked_crop(self, length):
+        crop(self, length)
+        mem = self._mem
+        assert ll.llama_memory_seq_pos_max(mem, 0) == self.length - 1
+        for s in range(1, 9):
+            assert ll.llama_memory_seq_pos_max(mem, s) == -1  # no branch left behind
+        checked.append(self.length)
+
+    monkeypatch.setattr(LlamaCppBackend, "crop", checked_crop)
+    for method in ("sd", "ouroboros"):
+        ids = dec.encode(PROMPTS[0])
+        ar = dec.generate(ids, "ar", max_new_tokens=40)
+        assert dec.generate(ids, method, max_new_tokens=40, gamma=5).token_ids == ar.token_ids
+    assert len(checked) > 10
+
+
+def test_crop_then_refeed_equals_scoring_from_scratch(dec):
+    be = dec.target
+    be.reset()
+    ids = dec.encode(PROMPTS[2])
+    be.forward(ids[:12])
+    be.crop(7)
+    assert be.length == 7
+    got, _ = be.forward(ids[7:10])
+    ref = be.score(ids[:10])[7:]
+    assert torch.allclose(got, ref, atol=1e-4)
+    assert be.length == 10
+
+
+def test_tree_scores_each_branch_as_its_chain(dec):
+    """A chain with two branches after it, scored in one llama.cpp batch through per-token sequence ids: every
+    row equals scoring that token's own path as a plain sequence."""
+    be = dec.target
+    ids = dec.encode(PROMPTS[0])
+    prefix, chain, b1, b2 = ids[:5], ids[5:8], [40, 41, 42], [50, 51]
+    be.reset()
+    be.forward(prefix)
+    n = len(chain) + len(b1) + len(b2)
+    attend = torch.zeros(n, n, dtype=torch.bool)
+    attend[:, :3] = True
+    attend[:3, :3] = torch.ones(3, 3, dtype=torch.bool).tril()
+    attend[3:6, 3:6] = torch.ones(3, 3, dtype=torch.bool).tril()
+    attend[6:, 6:] = torch.ones(2, 2, dtype=torch.bool).tril()
+    tree = Tree(attend, (0, 1, 2, 3, 4, 5, 3, 4))
+    got, _ = be.forward(chain + b1 + b2, tree=tree)
+    assert be.length == len(prefix) + len(chain)  # the branches are not kept
+    ref1 = be.score(prefix + chain + b1)
+    ref2 = be.score(prefix + chain + b2)
+    assert torch.allclose(got[:6], ref1[5:], atol=1e-4)
+    assert torch.allclose(got[6:], ref2[8:], atol=1e-4)
+
+
+def test_hidden_states_are_the_final_normed_layer(files, dec):
+    t, d = files[2]
+    be = dec.draft_backend()
+    ids = dec.encode(PROMPTS[0])
+    _, hs = be.forward(ids, hidden=True, keep=1)
+    assert be.hidden_layers == (-1,) and len(hs) == 1
+    ref = d.model(torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0]
+    assert torch.allclose(hs[0], ref, atol=2e-2)  # llama.cpp's float16 KV cache
+
+
+def test_sampling_runs_and_is_seeded(dec):
+    from pacer.sampling import SamplingConfig
+
+    s = SamplingConfig(temperature=0.8, seed=3)
+    a = dec.generate(PROMPTS[0], "sd", max_new_tokens=20, sampling=s)
+    b = dec.generate(PROMPTS[0], "sd", max_new_tokens=20, sampling=s)
+    assert a.token_ids == b.token_ids and len(a.token_ids) == 20
+
+
+def test_reduced_draft_vocabulary_is_refused(dec):
+    with pytest.raises(PacerError, match="whole vocabulary"):
+        dec.generate(PROMPTS[0], "sd", max_new_tokens=4, options={"draft_vocab": 64})
+
+
+def test_transformers_checkpoint_is_refused_on_llamacpp(dec):
+    with pytest.raises(PacerError, match="llamacpp"):
+        dec.generate(PROMPTS[0], "pacer", max_new_tokens=4, options={"path": "src/pacer/checkpoints/pacer-default"})
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "pacer", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_cli_bad_settings_are_one_line_errors_before_loading(tmp_path):
+    (tmp_path / "folder").mkdir()
+    for extra, words in (
+        (["--target", str(tmp_path / "folder")], "runs GGUF files"),
+        (["--quantize", "int8"], "transformers backend"),
+        (["--draft-vocab", "1000"], "whole vocabulary"),
+    ):
+        r = run_cli("generate", "hi", "--backend", "llamacpp", *extra)
+        assert r.returncode == 2, r.stderr
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and words in lines[0], r.stderr
+
+
+def test_cli_generate_on_gguf_files(files, tmp_path, monkeypatch):
+    """``pacer generate --backend llamacpp`` on two GGUF files; their tokenizer comes from pacer's verified cache
+    (transformers cannot rebuild the tiny byte-level tokenizer from a GGUF, so the test seeds the cache)."""
+    from pacer.models import file_sha256, write_manifest
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("PACER_HOME", str(home))
+    for f in files[:2]:
+        folder = home / "tokenizers" / file_sha256(f, home)[:24]
+        tiny_tokenizer().save_pretrained(folder)
+        write_manifest(folder)
+    r = run_cli("generate", "hello", "--backend", "llamacpp", "--target", str(files[0]), "--draft", str(files[1]),
+                "--method", "sd", "--gamma", "3", "--max-new-tokens", "12", "--threads", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    import json
+
+    out = json.loads(r.stdout)
+    assert out["stats"]["new_tokens"] == 12
