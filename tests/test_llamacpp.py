@@ -209,3 +209,16 @@ def test_cli_generate_on_gguf_files(files, tmp_path, monkeypatch):
 
     out = json.loads(r.stdout)
     assert out["stats"]["new_tokens"] == 12
+
+
+def test_auto_backend_picks_llamacpp_for_gguf_pairs_only(files, tmp_path):
+    from pacer.models import resolve_backend
+
+    t, d = str(files[0]), str(files[1])
+    assert resolve_backend("auto", "default-target", "default-draft") == "llamacpp"
+    assert resolve_backend("auto", t, d) == "llamacpp"
+    assert resolve_backend("auto", t, None) == "llamacpp"
+    assert resolve_backend("auto", str(tmp_path), d) == "transformers"  # a model folder
+    assert resolve_backend("auto", t, d, quantize="int8") == "transformers"
+    assert resolve_backend("auto", t, d, draft_vocab=1000) == "transformers"
+    assert resolve_backend("transformers", t, d) == "transformers"

@@ -43,7 +43,7 @@ def run_pair(dtype: str):
     from pacer import Decoder
 
     t = time.perf_counter()
-    dec = Decoder.from_pretrained(dtype=dtype, progress=False)
+    dec = Decoder.from_pretrained(dtype=dtype, progress=False, backend="transformers")
     load_s = time.perf_counter() - t
     rows = []
     try:
@@ -101,3 +101,31 @@ def test_bfloat16_sd_differs_only_at_near_ties(capsys):
     finally:
         del dec
         gc.collect()
+
+
+LLAMACPP_METHODS = ["sd", "confidence", "entropy", "ouroboros", "lookup", "pacer"]
+
+
+def test_llamacpp_every_method_equals_llama_cpps_plain_decoding(capsys):
+    """The default pair's GGUF files on llama.cpp: every method's greedy output equals this backend's plain
+    decoding (llama.cpp's own), or differs only at a near-tie of the target's top-2 logits (counted, printed)."""
+    from pacer import Decoder
+    from pacer.decoding import first_divergence
+
+    t = time.perf_counter()
+    dec = Decoder.from_pretrained(progress=False, backend="llamacpp")
+    load_s = time.perf_counter() - t
+    near, speeds = [], []
+    for chat, prompt in PROMPTS:
+        ids = dec.encode(prompt, chat)
+        ar = dec.generate(ids, "ar", NEW_TOKENS)
+        for method in LLAMACPP_METHODS:
+            res = dec.generate(ids, method, NEW_TOKENS, gamma=4 if method != "pacer" else None)
+            speeds.append(f"{method} {res.stats.tokens_per_s / ar.stats.tokens_per_s:.2f}x")
+            if res.token_ids != ar.token_ids:
+                dv = first_divergence(dec.target, ids, ar.token_ids, res.token_ids)
+                assert dv.near_tie, (method, prompt[:40], dv.describe())
+                near.append(method)
+    with capsys.disabled():
+        print(f"\n[realpair llamacpp] load {load_s:.1f}s; {len(near)} near-tie difference(s) {near}; "
+              f"speed vs ar: {', '.join(speeds)}")

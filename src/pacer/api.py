@@ -98,16 +98,18 @@ class Decoder:
     def from_pretrained(cls, target: str = "default-target", draft: str | None = "default-draft",
                         dtype: str = "bfloat16", threads: int | None = None, progress: bool = True,
                         draft_vocab: int | str | Sequence[int] | None = "auto", draft_quant: str = "auto",
-                        quantize: str = "none", backend: str = "transformers") -> Decoder:
+                        quantize: str = "none", backend: str = "auto") -> Decoder:
         """Load a pair: ``default-target``/``default-draft``, HF model folders or ``.gguf`` files (see
         :meth:`__init__` for ``draft_quant``, by default ``"auto"`` here, and ``quantize``). ``backend``:
-        ``transformers`` (PyTorch) or ``llamacpp`` (GGUF files run by llama.cpp, see :data:`pacer.models.BACKENDS`;
-        ``dtype`` does not apply there)."""
+        ``transformers`` (PyTorch), ``llamacpp`` (GGUF files run by llama.cpp, see :data:`pacer.models.BACKENDS`;
+        ``dtype`` does not apply there) or ``auto`` (llama.cpp for a GGUF pair when llama-cpp-python is installed,
+        :func:`pacer.models.resolve_backend`)."""
         from .quantize import check_kind
 
         check_kind(quantize)
         if draft_quant != "auto":
             check_kind(draft_quant)
+        backend = models.resolve_backend(backend, target, draft, quantize=quantize, draft_vocab=draft_vocab)
         models.check_backend(backend, target, draft)
         check_quantize(backend, quantize, draft_quant)
         models.set_threads(threads)
@@ -318,7 +320,7 @@ class Decoder:
 
 
 def generate(prompt: str, method: str = "sd", target: str = "default-target", draft: str = "default-draft",
-             dtype: str = "bfloat16", threads: int | None = None, backend: str = "transformers",
+             dtype: str = "bfloat16", threads: int | None = None, backend: str = "auto",
              **kwargs) -> GenerationResult:
     """One-shot: load the pair, generate, return a :class:`GenerationResult` (text, token_ids, stats)."""
     return Decoder.from_pretrained(target, draft if methods.get(method).loads_draft else None, dtype, threads,

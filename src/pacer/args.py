@@ -21,9 +21,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
     g.add_argument("--target", default="default-target", help="HF model folder, .gguf file or default-target")
     g.add_argument("--draft", default="default-draft", help="HF model folder, .gguf file or default-draft")
-    g.add_argument("--backend", default="transformers", choices=["transformers", "llamacpp"],
-                   help="what runs the models: transformers (PyTorch; GGUF files are dequantized once) or llamacpp "
-                        "(GGUF files as they are, on llama.cpp's kernels through llama-cpp-python)")
+    g.add_argument("--backend", default="auto", choices=["auto", "transformers", "llamacpp"],
+                   help="what runs the models: transformers (PyTorch; GGUF files are dequantized once), llamacpp "
+                        "(GGUF files as they are, on llama.cpp's kernels through llama-cpp-python) or auto "
+                        "(default: llamacpp for a GGUF pair when llama-cpp-python is installed)")
     g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
                    help="weights dtype of the transformers backend (bfloat16 is the fast one on CPUs with bf16 "
                         "support)")
@@ -55,6 +56,15 @@ def load_decoder(args: argparse.Namespace, draft: str | None = "") -> Decoder:
                                    quantize=args.quantize, backend=args.backend)
 
 
+def resolve_args_backend(args: argparse.Namespace) -> str:
+    """``--backend auto`` resolved for these model arguments (:func:`pacer.models.resolve_backend`), in place."""
+    from .models import resolve_backend
+
+    args.backend = resolve_backend(args.backend, args.target, args.draft, quantize=args.quantize,
+                                   draft_vocab=args.draft_vocab)
+    return args.backend
+
+
 def check_model_args(args: argparse.Namespace) -> None:
     """The model arguments checked before anything loads: the backend can run the models and takes the other
     settings (llama.cpp brings its own quantization and scores the whole vocabulary)."""
@@ -62,6 +72,7 @@ def check_model_args(args: argparse.Namespace) -> None:
     from .errors import PacerError
     from .models import check_backend
 
+    resolve_args_backend(args)
     check_backend(args.backend, args.target, args.draft)
     check_quantize(args.backend, args.quantize, args.draft_quant)
     if args.backend != "transformers" and str(args.draft_vocab) not in ("auto", "0"):

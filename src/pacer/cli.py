@@ -13,7 +13,16 @@ import time
 from collections.abc import Sequence
 
 from . import methods
-from .args import add_decoding_args, add_model_args, as_flags, check_args, cost_aware, load_decoder, method_options
+from .args import (
+    add_decoding_args,
+    add_model_args,
+    as_flags,
+    check_args,
+    cost_aware,
+    load_decoder,
+    method_options,
+    resolve_args_backend,
+)
 from .bench import cli as bench_cli
 from .errors import PacerError
 from .preverify import cli as preverify_cli
@@ -81,6 +90,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     Exits 1 when an output differs from plain decoding and the target's top-2 logit gap at the first difference
     is not a near-tie (a real losslessness failure); 0 otherwise."""
 
+    asked = args.backend
+    resolve_args_backend(args)
     if args.method == "auto":  # PACER with the shipped pre-verifier on the default pair, plain SD on other pairs
         from .preverify.policy import default_checkpoint
 
@@ -101,6 +112,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"pacer demo: target {args.target}, draft {args.draft}, {runs}, {dec.threads} threads, "
           f"method {args.method}, {args.max_new_tokens} new tokens per prompt")
     print(f"machine: {describe_cpu()}")
+    from .models import backend_reason
+
+    why = backend_reason(args.backend) if asked == "auto" else f"--backend {asked}"
+    print(f"backend: {args.backend} ({why})")
     print(f"weights: target {weights_kind(dec.target_info)}, draft {weights_kind(dec.draft_info)}"
           + (" (int8 weight-only: measured faster here; lossless, the draft only proposes)"
              if weights_kind(dec.draft_info).startswith("int8") and args.quantize == "none" else ""))

@@ -139,8 +139,34 @@ def assemble_gguf(spec: GgufSpec, home: Path | None = None, progress: bool = Tru
 
 # -------------------------------------------------------------------------------------------------- loading
 #: the model backends (``--backend``): ``transformers`` (PyTorch, the reference) and ``llamacpp`` (GGUF files run by
-#: llama.cpp's own kernels, :mod:`pacer.decoding.llama_backend`)
+#: llama.cpp's own kernels, :mod:`pacer.decoding.llama_backend`); ``auto`` picks one (:func:`resolve_backend`)
 BACKENDS = ("transformers", "llamacpp")
+
+
+def _is_gguf(spec: str | None) -> bool:
+    return spec is None or spec in DEFAULT_NAMES or Path(spec).expanduser().suffix == ".gguf"
+
+
+def resolve_backend(backend: str, *specs: str | None, quantize: str = "none", draft_vocab: object = "auto") -> str:
+    """``auto`` -> ``llamacpp`` when llama-cpp-python is installed and every model is a GGUF file (the default
+    pair's are): llama.cpp runs them as they are, several times faster per token on a CPU than PyTorch's dequantized
+    bf16 (docs/backends.md); ``transformers`` otherwise, or when a transformers-only setting is asked for
+    (``quantize``, a reduced ``draft_vocab``). Any other value is returned as it is (checked by
+    :func:`check_backend`)."""
+    if backend != "auto":
+        return backend
+    if quantize != "none" or str(draft_vocab) not in ("auto", "0", "None") or not all(map(_is_gguf, specs)):
+        return "transformers"
+    return "llamacpp" if importlib.util.find_spec("llama_cpp") is not None else "transformers"
+
+
+def backend_reason(backend: str) -> str:
+    """Why ``auto`` chose ``backend``, in a few words (for ``pacer demo``)."""
+    if backend == "llamacpp":
+        return "llama.cpp runs the GGUF pair as it is, on its own CPU kernels"
+    if importlib.util.find_spec("llama_cpp") is None:
+        return "llama-cpp-python is not installed (bash scripts/setup.sh builds it): PyTorch runs the pair"
+    return "the pair or a setting needs PyTorch (a model folder, --quantize, --draft-vocab)"
 
 
 @dataclass
@@ -428,7 +454,7 @@ def check_backend(backend: str, *specs: str | None) -> None:
     """A one-line error, before anything loads, for an unknown backend or a model it cannot run (llama.cpp runs
     GGUF files: the default pair's, or a ``.gguf`` path)."""
     if backend not in BACKENDS:
-        raise PacerError(f"unknown backend '{backend}'; use one of {', '.join(BACKENDS)}")
+        raise PacerError(f"unknown backend '{backend}'; use auto or one of {', '.join(BACKENDS)}")
     if backend != "llamacpp":
         return
     for spec in specs:

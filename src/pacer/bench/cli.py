@@ -133,6 +133,7 @@ def _validate(args: argparse.Namespace) -> None:
     if args.quick:  # tiny models are overhead-bound: one thread is fastest and suffers least from busy cores
         args.max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else 24
         args.threads = args.threads or 1
+        args.backend = "transformers" if args.backend == "auto" else args.backend
     else:
         args.n = args.n if args.n is not None else 10
         args.max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else 128
@@ -206,6 +207,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.recheck_lossless:
         return recheck_lossless(out)
     _validate(args)
+    from ..args import resolve_args_backend
+
+    resolve_args_backend(args)
     methods_text = args.methods or (DEFAULT_METHODS_LLAMACPP if args.backend == "llamacpp" else DEFAULT_METHODS)
     specs = parse_methods(methods_text)  # errors before anything is loaded or written
     questions = load_questions(args)
