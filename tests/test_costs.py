@@ -171,7 +171,8 @@ def test_cost_aware_sampling_stays_exact_in_distribution():
     dec = decoder("close", FLAT)
     ids = dec.encode("hello")
     with torch.inference_mode():
-        p = torch.softmax(dec.target.model(input_ids=torch.tensor([ids])).logits[0, -1].float(), -1)
+        p = torch.softmax(dec.target.model(input_ids=torch.tensor([ids], device=dec.device)).logits[0, -1].float(),
+                          -1).cpu()
     counts = torch.zeros_like(p)
     drafted = 0
     for seed in range(600):

@@ -222,3 +222,20 @@ def test_auto_backend_picks_llamacpp_for_gguf_pairs_only(files, tmp_path):
     assert resolve_backend("auto", t, d, quantize="int8") == "transformers"
     assert resolve_backend("auto", t, d, draft_vocab=1000) == "transformers"
     assert resolve_backend("transformers", t, d) == "transformers"
+
+
+def test_near_tie_counts_the_backends_block_noise(dec):
+    """llama.cpp's quantized kernels score a token differently inside a block of 4 or more: the diagnosis measures
+    that noise with a cache of its own and counts a gap within twice it as a near-tie, nothing wider."""
+    from pacer.decoding import Divergence
+
+    be = dec.target
+    ids = dec.encode(PROMPTS[2])
+    be.reset()
+    be.forward(ids[:5])
+    noise = be.block_noise(ids)
+    assert be.length == 5  # the backend's own cache is untouched
+    assert 0.0 <= noise < 0.1  # float32 tensors: the kernels agree closely
+    assert Divergence(3, 1, 2, 0.3, 0.3, 1e-6, noise=0.2).near_tie
+    assert not Divergence(3, 1, 2, 0.5, 0.5, 1e-6, noise=0.2).near_tie
+    assert not Divergence(3, 1, 2, 0.3, 0.3, 1e-6).near_tie  # transformers: the dtype's steps decide

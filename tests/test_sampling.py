@@ -202,7 +202,7 @@ def _negated(model: torch.nn.Module) -> torch.nn.Module:
     return m
 
 
-def _decoder(draft: str) -> Decoder:
+def _decoder(draft: str, device: str = "cpu") -> Decoder:
     target = _small_target()
     d = (
         _negated(target)
@@ -213,6 +213,7 @@ def _decoder(draft: str) -> Decoder:
         LoadedModel(target, None, "t", "t", torch.float32),
         LoadedModel(d, None, draft, draft, torch.float32),
         threads=1,
+        device=device,
     )
     dec.eos.clear()  # always two tokens
     return dec
@@ -242,8 +243,8 @@ def reference_warp(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
 @torch.inference_mode()
 def exact_joint(model: torch.nn.Module, prompt: list[int], cfg: SamplingConfig) -> np.ndarray:
     """``p(x1) * p(x2 | x1)`` of the warped target, from target forwards (warped by :func:`reference_warp`)."""
-    ids = torch.tensor([prompt + [a] for a in range(SMALL_VOCAB)])
-    logits = model(input_ids=ids).logits.double().numpy()  # [V, len + 1, V]
+    ids = torch.tensor([prompt + [a] for a in range(SMALL_VOCAB)], device=model.device)
+    logits = model(input_ids=ids).logits.double().cpu().numpy()  # [V, len + 1, V]
     p1 = reference_warp(logits[0, -2], cfg)
     p2 = reference_warp(logits[:, -1], cfg)
     return p1[:, None] * p2
@@ -261,9 +262,14 @@ E2E = [
     "draft,cfg", E2E, ids=[f"{d}-T{c.temperature}-k{c.top_k}-p{c.top_p}" for d, c in E2E]
 )
 def test_generate_sampling_matches_target_joint(draft, cfg):
-    dec = _decoder(draft)
+    check_generate_sampling(draft, cfg)
+
+
+def check_generate_sampling(draft: str, cfg: SamplingConfig, device: str = "cpu", seeds: int = 2500) -> None:
+    """The first two tokens of ``generate`` over ``seeds`` seeds are distributed as the target's joint (tests on
+    other devices call it too: ``tests/test_device.py``)."""
+    dec = _decoder(draft, device)
     exact = exact_joint(dec.target.model, PROMPT, cfg)
-    seeds = 2500
     counts = np.zeros_like(exact)
     drafted = accepted = 0
     for s in range(seeds):

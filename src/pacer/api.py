@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from . import methods, models
+from . import devices, methods, models
 from .calibration import Calibration
 from .costs import CostAwarePolicy, CostMemory, Costs
 from .decoding import (
@@ -41,7 +41,7 @@ class Decoder:
     def __init__(self, target: models.LoadedModel, draft: models.LoadedModel | None = None,
                  threads: int | None = None, draft_vocab: int | str | Sequence[int] | None = "auto",
                  costs: Costs | None = None, progress: bool = True, draft_quant: str = "none",
-                 quantize: str = "none") -> None:
+                 quantize: str = "none", device: str | torch.device | None = "auto") -> None:
         """``draft_vocab``: the default reduced draft vocabulary of every drafting method (see
         :mod:`pacer.draftvocab`): ``"auto"`` (the default) 32,768 tokens when the draft's vocabulary is large
         enough for that to pay, else the full one; ``None``/0 the full vocabulary; an int ``S`` the ``S`` most
@@ -55,13 +55,17 @@ class Decoder:
         ``"none"`` keeps the draft's dtype. ``quantize="int8"`` quantizes the target: a *different target*, whose
         plain decoding is the baseline then (opt-in, never the default); the draft still follows ``draft_quant`` (the
         draft only proposes: whichever drafts faster is right; on an AVX2-only EPYC the bf16 draft did, 62 against
-        84 ms a token)."""
+        84 ms a token).
+
+        ``device``: ``auto`` (CUDA when available, else the CPU), ``cpu`` or ``cuda`` (see :mod:`pacer.devices`);
+        the ``transformers`` models are moved there (in place)."""
         from . import quantize as q
 
         q.check_kind(quantize)
         if draft_quant != "auto":
             q.check_kind(draft_quant)
         check_quantize(target.backend, quantize, draft_quant)
+        self.device = devices.place(target, draft, device, quantize, draft_quant)
         self.threads = models.set_threads(threads)
         self.draft_vocab = draft_vocab
         self.progress = progress
@@ -98,24 +102,29 @@ class Decoder:
     def from_pretrained(cls, target: str = "default-target", draft: str | None = "default-draft",
                         dtype: str = "bfloat16", threads: int | None = None, progress: bool = True,
                         draft_vocab: int | str | Sequence[int] | None = "auto", draft_quant: str = "auto",
-                        quantize: str = "none", backend: str = "auto") -> Decoder:
+                        quantize: str = "none", backend: str = "auto",
+                        device: str | torch.device | None = "auto") -> Decoder:
         """Load a pair: ``default-target``/``default-draft``, HF model folders or ``.gguf`` files (see
         :meth:`__init__` for ``draft_quant``, by default ``"auto"`` here, and ``quantize``). ``backend``:
         ``transformers`` (PyTorch), ``llamacpp`` (GGUF files run by llama.cpp, see :data:`pacer.models.BACKENDS`;
         ``dtype`` does not apply there) or ``auto`` (llama.cpp for a GGUF pair when llama-cpp-python is installed,
-        :func:`pacer.models.resolve_backend`)."""
+        :func:`pacer.models.resolve_backend`; on a CUDA ``device``, transformers). ``device``: see :mod:`pacer.devices`
+        (checked before anything loads)."""
         from .quantize import check_kind
 
         check_kind(quantize)
         if draft_quant != "auto":
             check_kind(draft_quant)
-        backend = models.resolve_backend(backend, target, draft, quantize=quantize, draft_vocab=draft_vocab)
+        backend = models.resolve_backend(devices.backend_for(backend, device), target, draft,
+                                         quantize=quantize, draft_vocab=draft_vocab)
         models.check_backend(backend, target, draft)
         check_quantize(backend, quantize, draft_quant)
+        devices.check_device(device, backend, quantize, draft_quant)
         models.set_threads(threads)
         t = models.load_model(target, dtype, progress=progress, backend=backend)
         d = models.load_model(draft, dtype, progress=progress, backend=backend) if draft else None
-        return cls(t, d, threads, draft_vocab, progress=progress, draft_quant=draft_quant, quantize=quantize)
+        return cls(t, d, threads, draft_vocab, progress=progress, draft_quant=draft_quant, quantize=quantize,
+                   device=device)
 
     def calibration(self, rows: torch.Tensor | None = None, refresh: bool = False) -> Calibration:
         """This machine's costs for this pair with draft vocabulary ``rows`` (cached; see
@@ -159,7 +168,7 @@ class Decoder:
             if draft_vocab not in self._draft_rows:
                 self._draft_rows[draft_vocab] = load_or_build(self, draft_vocab)
             return self._draft_rows[draft_vocab]
-        return torch.as_tensor(list(draft_vocab), dtype=torch.long)
+        return torch.as_tensor(list(draft_vocab), dtype=torch.long, device="cpu")
 
     # ------------------------------------------------------------------------------------------------ inputs
     def encode(self, prompt: str | Sequence[int], chat: bool = False, history: Sequence[dict] = ()) -> list[int]:

@@ -29,6 +29,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="weights dtype of the transformers backend (bfloat16 is the fast one on CPUs with bf16 "
                         "support)")
     g.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
+    g.add_argument("--device", default="auto", metavar="{auto,cpu,cuda}",
+                   help="where the transformers backend runs: auto (default: CUDA when available, else the CPU), "
+                        "cpu or cuda (cuda:N); llama.cpp runs on the CPU in this build")
     g.add_argument("--draft-quant", choices=["auto", "none", "int8"], default="auto",
                    help="int8 weight-only draft (lossless: the draft only proposes); auto (default): where it "
                         "measures faster on this machine")
@@ -53,14 +56,17 @@ def load_decoder(args: argparse.Namespace, draft: str | None = "") -> Decoder:
     check_model_args(args)
     return Decoder.from_pretrained(args.target, args.draft if draft == "" else draft, args.dtype, args.threads,
                                    draft_vocab=args.draft_vocab, draft_quant=args.draft_quant,
-                                   quantize=args.quantize, backend=args.backend)
+                                   quantize=args.quantize, backend=args.backend,
+                                   device=getattr(args, "device", "auto"))
 
 
 def resolve_args_backend(args: argparse.Namespace) -> str:
     """``--backend auto`` resolved for these model arguments (:func:`pacer.models.resolve_backend`), in place."""
+    from .devices import backend_for
     from .models import resolve_backend
 
-    args.backend = resolve_backend(args.backend, args.target, args.draft, quantize=args.quantize,
+    backend = backend_for(args.backend, getattr(args, "device", "auto"))  # CUDA: transformers
+    args.backend = resolve_backend(backend, args.target, args.draft, quantize=args.quantize,
                                    draft_vocab=args.draft_vocab)
     return args.backend
 
@@ -69,10 +75,12 @@ def check_model_args(args: argparse.Namespace) -> None:
     """The model arguments checked before anything loads: the backend can run the models and takes the other
     settings (llama.cpp brings its own quantization and scores the whole vocabulary)."""
     from .api import check_quantize
+    from .devices import check_device
     from .errors import PacerError
     from .models import check_backend
 
     resolve_args_backend(args)
+    check_device(getattr(args, "device", "auto"), args.backend, args.quantize, args.draft_quant)
     check_backend(args.backend, args.target, args.draft)
     check_quantize(args.backend, args.quantize, args.draft_quant)
     if args.backend != "transformers" and str(args.draft_vocab) not in ("auto", "0"):
@@ -124,7 +132,7 @@ def cost_aware(args: argparse.Namespace) -> bool | None:
 
 #: settings named in the core's messages -> the flags that set them (the command line speaks in flags)
 SETTINGS = ("max_new_tokens", "temperature", "top_k", "top_p", "gamma", "min_draft", "max_draft", "threads",
-            "draft_vocab")
+            "draft_vocab", "device")
 
 
 def as_flags(message: str) -> str:

@@ -10,8 +10,10 @@ about ``k`` times one token's, on AVX-512/AMX CPUs it is nearly flat in ``k``. S
 * ``c_d`` - one draft token (one new token through the draft, with the drafter's vocabulary);
 * the prefill cost per prompt token of the target.
 
-Each point is the median of ``REPS`` forwards after a warm-up, with the cache cropped back between them. A point
-whose forwards spread more than ``NOISY`` (max/min) is measured again; if it still does, the calibration is *noisy*:
+Each point is the median of ``REPS`` forwards after a warm-up, with the cache cropped back between them (on a GPU
+each forward is timed between two ``torch.cuda.synchronize()`` calls, :func:`pacer.devices.synchronize`, so that it
+counts the kernels and not only their launch). A point whose forwards spread more than ``NOISY`` (max/min) is
+measured again; if it still does, the calibration is *noisy*:
 it is used with the slowest forward of each point (conservative), said in a note, and cached with that mark (so
 that decisions, and seeded sampled outputs, stay the same from run to run; ``pacer calibrate`` measures again).
 An interrupted calibration (Ctrl-C) falls back to conservative costs (``c_t(k) = k c_t(1)``: every round is a
@@ -19,8 +21,8 @@ plain decoding step) with a note, and writes nothing.
 
 The result is cached in ``$PACER_HOME/calibration/`` under a key of everything it depends on: both models'
 fingerprints and dtypes, the draft vocabulary, the threads, the CPU (model, ISA flags, PyTorch's kernel level and
-the environment switches that change it) and the PyTorch version. A cache file whose key or checksum does not match,
-or that cannot be read, is re-measured with a note; it is written atomically.
+the environment switches that change it), the PyTorch version and, for a pair on a GPU, the GPU. A cache file whose
+key or checksum does not match, or that cannot be read, is re-measured with a note; it is written atomically.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from . import devices
 from .costs import Costs
 
 FORMAT = "pacer-calibration/1"
@@ -147,7 +150,7 @@ def backend_version(loaded) -> str:
 def calibration_key(decoder, rows: torch.Tensor | None) -> dict:
     """Everything a calibration depends on (see the module docstring)."""
     t, d = decoder.target_info, decoder.draft_info
-    return {
+    key = {
         "format": FORMAT,
         "target": t.fingerprint, "target_dtype": weights_kind(t),
         "draft": d.fingerprint if d else None, "draft_dtype": weights_kind(d) if d else None,
@@ -158,6 +161,9 @@ def calibration_key(decoder, rows: torch.Tensor | None) -> dict:
         "torch": torch.__version__,
         "context": CONTEXT,
     }
+    if decoder.target.device.type != "cpu":  # (CPU keys stay as they were: their caches stay valid)
+        key["device"] = devices.describe(decoder.target.device)
+    return key
 
 
 def _machine_key(loaded, what: str) -> dict:
@@ -174,8 +180,8 @@ def choose_draft_quant(draft, reps: int = 5) -> str:
     from .decoding import TransformersBackend
     from .quantize import available, quantize_int8
 
-    if not available():
-        return "none"
+    if not available() or draft.backend != "transformers" or draft.model.device.type != "cpu":
+        return "none"  # the int8 kernel is a CPU one
     key = _machine_key(draft, "draft-quant")
     cached, _ = _read_payload(key)
     if cached is not None and cached.get("choice") in ("int8", "none"):
@@ -208,8 +214,12 @@ def cache_path(key: dict) -> Path:
 
 
 def _timed(cm, tokens: list[int], base: int) -> float:
+    """Seconds of one forward of ``tokens`` on backend ``cm`` (its device synchronised around it), then the cache is
+    cropped back to ``base`` tokens."""
+    devices.synchronize(cm.device)
     t = time.perf_counter()
     cm.forward(tokens, keep=1)
+    devices.synchronize(cm.device)
     dt = time.perf_counter() - t
     cm.crop(base)
     return dt
@@ -237,8 +247,10 @@ def measure(decoder, rows: torch.Tensor | None, max_draft: int = 16, reps: int =
     target.reset()
     noisy = False
     with torch.inference_mode():
+        devices.synchronize(target.device)
         t = time.perf_counter()
         target.forward(ctx, keep=1)
+        devices.synchronize(target.device)
         prefill = (time.perf_counter() - t) / len(ctx)
         _timed(target, ctx[:1], len(ctx))  # warm-up
         med: dict[int, float] = {}

@@ -140,7 +140,7 @@ def load_or_build(decoder, size: int, home: Path | None = None, texts: Iterable[
             data = json.loads(path.read_text())
             ids = data["ids"]
             if len(ids) == size and all(0 <= i < vocab for i in ids):
-                return torch.tensor(ids, dtype=torch.long)
+                return torch.tensor(ids, dtype=torch.long, device="cpu")
         except (OSError, ValueError, KeyError, TypeError):
             pass  # damaged: count again and overwrite
     corpus = sharegpt_texts() if texts is None else list(texts)
@@ -151,7 +151,7 @@ def load_or_build(decoder, size: int, home: Path | None = None, texts: Iterable[
         atomic_write_text(path, json.dumps({"size": size, "corpus": f"ShareGPT, {CORPUS_CONVERSATIONS} "
                                             f"conversations, all turns", "draft": info.fingerprint,
                                             "ids": ids}) + "\n")
-    return torch.tensor(ids, dtype=torch.long)
+    return torch.tensor(ids, dtype=torch.long, device="cpu")
 
 
 def coverage(rows: torch.Tensor, token_ids: Iterable[int]) -> float:

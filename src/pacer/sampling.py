@@ -14,6 +14,12 @@ Greedy verification keeps the longest prefix where ``d_{i+1} == argmax p[i]`` an
 is token for token the target's greedy output. Sampling verification (Leviathan et al. 2023; Chen et al. 2023)
 accepts ``d_{i+1}`` with probability ``min(1, p[i][d] / q[i][d])`` and otherwise emits a sample from the normalised
 residual ``max(0, p[i] - q[i])``: every emitted token is distributed exactly as the target's warped distribution.
+
+Devices: sampling happens where the generator is, which the loop makes on the target's device
+(:meth:`SamplingConfig.generator`), so the probabilities are not copied to the host; a drafter may propose ``q`` on
+the host (prompt lookup's one-hot rows), which is then moved once per round. Each round reads back only what the
+rule decides on: the draft tokens' ``p`` and ``q`` in one transfer, the uniforms (one at a time on the CPU, whose
+stream of numbers stays as it was; all of a round's at once on a GPU) and the sampled token.
 """
 
 from __future__ import annotations
@@ -47,8 +53,16 @@ class SamplingConfig:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def generator(self) -> torch.Generator:
-        return torch.Generator().manual_seed(self.seed)
+    def generator(self, device: torch.device | str | None = None) -> torch.Generator:
+        """A generator seeded with ``seed`` on ``device`` (default: the CPU). The loop makes it on the target's
+        device; a CUDA generator draws other numbers than a CPU one from the same seed, so a seeded sample is
+        reproducible on the same kind of device (and distributed as the target's samples on any)."""
+        return torch.Generator(device=device or "cpu").manual_seed(self.seed)
+
+
+def _on(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """``t`` on the generator's device (a no-op where it is already there, as in the loop)."""
+    return t if t.device == gen.device else t.to(gen.device)
 
 
 def warp(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
@@ -73,7 +87,7 @@ def pick(probs: torch.Tensor, cfg: SamplingConfig, gen: torch.Generator) -> int:
     """The argmax (greedy) or a sample from ``probs`` (``[V]``)."""
     if cfg.greedy:
         return int(probs.argmax())
-    return int(torch.multinomial(probs, 1, generator=gen))
+    return int(torch.multinomial(_on(probs, gen), 1, generator=gen))
 
 
 def verify_greedy(draft: list[int], target_logits: torch.Tensor) -> tuple[int, int]:
@@ -86,12 +100,18 @@ def verify_greedy(draft: list[int], target_logits: torch.Tensor) -> tuple[int, i
 
 
 def verify_sampling(
-    draft: list[int], q: torch.Tensor, p: torch.Tensor, gen: torch.Generator
+    draft: list[int], q: torch.Tensor | None, p: torch.Tensor, gen: torch.Generator
 ) -> tuple[int, int]:
     """Rejection-sampling rule: ``(n, token)`` where ``token`` is the residual sample or the bonus token."""
-    for i, x in enumerate(draft):
-        r = torch.rand((), generator=gen).item()
-        if r * float(q[i, x]) < float(p[i, x]):  # r < p/q without dividing
+    if not draft:  # ``q`` may be None then
+        return 0, int(torch.multinomial(_on(p[0], gen), 1, generator=gen))
+    p, q = _on(p, gen), _on(q, gen)
+    pd, qd = _at(draft, p, q)
+    cpu = gen.device.type == "cpu"
+    rs = None if cpu else torch.rand(len(draft), generator=gen, device=gen.device).tolist()
+    for i in range(len(draft)):
+        r = torch.rand((), generator=gen, device=gen.device).item() if rs is None else rs[i]
+        if r * qd[i] < pd[i]:  # r < p/q without dividing
             continue
         residual = (p[i] - q[i]).clamp_min(0.0)
         total = float(residual.sum())
@@ -101,7 +121,17 @@ def verify_sampling(
     return len(draft), int(torch.multinomial(p[len(draft)], 1, generator=gen))
 
 
+def _at(draft: list[int], *probs: torch.Tensor) -> list[list[float]]:
+    """``[[t[i, d_{i+1}] for i] for t in probs]`` (tensors on one device), read back in one transfer."""
+    if not draft:
+        return [[] for _ in probs]
+    dev = probs[0].device
+    rows = torch.arange(len(draft), device=dev)
+    cols = torch.tensor(draft, dtype=torch.long, device=dev)
+    return torch.stack([t[rows, cols].float() for t in probs]).tolist()
+
+
 def acceptance_probs(draft: list[int], q_tokens: list[float], p: torch.Tensor) -> list[float]:
     """Soft acceptance ``min(1, p[i][d_{i+1}] / q_i(d_{i+1}))`` per draft token; ``q_tokens`` holds the draft's
     probabilities of its own tokens (in greedy mode the unwarped softmax, i.e. temperature 1)."""
-    return [min(1.0, float(p[i, x]) / max(q_tokens[i], 1e-20)) for i, x in enumerate(draft)]
+    return [min(1.0, pi / max(q_tokens[i], 1e-20)) for i, pi in enumerate(_at(draft, p)[0])]

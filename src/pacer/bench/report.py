@@ -138,18 +138,22 @@ def markdown(summary: dict, meta: dict) -> str:
         L.append("Diagnosis at the first differing token, scoring the common prefix with the target in one plain "
                  "forward: *gap* = best logit minus the lower logit of the two differing tokens, also in *steps* of "
                  "the dtype's resolution at that magnitude (bf16: 0.125 for logits in [16, 32), 0.25 in [32, 64)). "
-                 f"A gap of at most {TIE_STEPS} steps is a near-tie that scoring inside a block can flip; more is "
-                 "a real losslessness failure.\n")
+                 f"A gap of at most {TIE_STEPS} steps is a near-tie that scoring inside a block can flip; so is a gap "
+                 "of at most twice the backend's *noise* (the largest logit difference between tokens scored in "
+                 "blocks and alone, measured on the prefix's last 16 positions: llama.cpp's quantized kernels take "
+                 "another path for blocks of 4 tokens or more; 0 on transformers); more is a real losslessness "
+                 "failure.\n")
         L.append("| question | method | repeat | turn | first differing token | top-2 gap | gap | steps "
-                 "| near-tie |")
-        L.append("|---|---|---|---|---|---|---|---|---|")
+                 "| noise | near-tie |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|")
         for d in div:
             turn = d["turn"] + 1 if isinstance(d.get("turn"), int) else "-"
             res, gap = d.get("resolution"), d.get("gap")
             steps = gap / res if res and gap is not None else None
             L.append(f"| {d['dataset']}/{d['question_id']} | {d['method']} | {d['repeat']} | {turn} | "
                      f"{d.get('index', '-')} | {_f(d.get('top2_gap'), '.4f')} | {_f(gap, '.4f')} | "
-                     f"{_f(steps, '.1f')} | {'yes' if d.get('near_tie') else '**NO**'} |")
+                     f"{_f(steps, '.1f')} | {_f(d.get('noise'), '.3f')} | "
+                     f"{'yes' if d.get('near_tie') else '**NO**'} |")
         L.append("")
     else:
         L.append("All checked greedy outputs are identical to plain decoding, token for token.\n")

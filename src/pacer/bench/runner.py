@@ -96,7 +96,8 @@ def check_lossless(dec, outs: list[TurnOut], ar_ids: list[list[int]]) -> tuple[b
         gap = None if math.isnan(dv.top2_gap) else round(dv.top2_gap, 5)
         return False, {"turn": t, "index": dv.index, "ar_token": dv.a, "token": dv.b, "top2_gap": gap,
                        "gap": None if math.isnan(dv.gap) else round(dv.gap, 5),
-                       "resolution": dv.resolution, "near_tie": bool(gap is not None and dv.near_tie),
+                       "resolution": dv.resolution, "noise": round(dv.noise, 5),
+                       "near_tie": bool(gap is not None and dv.near_tie),
                        "describe": dv.describe(),
                        "ar_tokens": len(ref), "tokens": len(o.token_ids)}
     return True, None

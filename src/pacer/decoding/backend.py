@@ -37,14 +37,15 @@ class Tree:
 
     ``attend``: ``[N, N]`` bool, ``attend[i, j]`` - new token ``i`` sees new token ``j`` (every new token sees
     every cached token). ``depth``: ``N`` ints, the position of new token ``i`` is ``length + depth[i]``. A chain
-    is ``attend = tril(ones)``, ``depth = 0..N-1``."""
+    is ``attend = tril(ones)``, ``depth = 0..N-1``. ``attend`` is host data (on the CPU); a backend moves it to
+    its device."""
 
     attend: torch.Tensor
     depth: tuple[int, ...]
 
     @classmethod
     def chain(cls, n: int) -> Tree:
-        return cls(torch.ones(n, n, dtype=torch.bool).tril(), tuple(range(n)))
+        return cls(torch.ones(n, n, dtype=torch.bool, device="cpu").tril(), tuple(range(n)))
 
 
 class ModelBackend(ABC):
@@ -82,6 +83,13 @@ class ModelBackend(ABC):
     def score(self, ids: Sequence[int]) -> torch.Tensor:
         """Float32 logits ``[len(ids), V]`` of ``ids`` from scratch over the full vocabulary; the cache is left
         as it is."""
+
+    def block_noise(self, ids: Sequence[int]) -> float:
+        """How far (max absolute logit difference) a token's logits scored inside a block can be from the same
+        token scored alone on this backend, measured on the last positions of ``ids`` with a cache of its own
+        (for the near-tie diagnosis, :mod:`pacer.decoding.diagnostics`). 0: a row is computed the same way
+        whatever the block, up to the dtype's rounding."""
+        return 0.0
 
     #: the reduced vocabulary a draft backend scores (sorted ids) before a sequence adds its own prompt's tokens;
     #: ``None``: the full vocabulary (see :mod:`pacer.draftvocab`)

@@ -20,6 +20,10 @@ class Divergence:
     ``b`` (how far the worse of the two tokens is from being the argmax; the top-2 gap when one output ended).
     ``resolution``: the spacing of the model dtype's numbers at the best logit's magnitude (bf16 keeps 8
     significant bits: 0.125 for logits in [16, 32), 0.25 in [32, 64)); the model emits its logits in that dtype.
+    ``noise``: the largest difference between a token's logits scored inside a block and scored alone that the
+    backend showed on the last positions of the common prefix (:meth:`ModelBackend.block_noise`; 0 where a row is
+    computed the same way whatever the block, up to the dtype's rounding: transformers. llama.cpp's quantized
+    kernels take another path for blocks of 4 tokens or more, and its logits move by up to ~0.5 there).
     """
 
     index: int
@@ -28,15 +32,18 @@ class Divergence:
     top2_gap: float
     gap: float = float("nan")
     resolution: float = 0.0
+    noise: float = 0.0
 
     TIE_STEPS = 2  # how many resolution steps apart two logits may be and still count as tied
 
     @property
     def near_tie(self) -> bool:
-        """Both differing tokens are within ``TIE_STEPS`` dtype resolution steps of the best logit: scoring a
-        token inside a block instead of alone (other matrix kernels, other rounding) can then flip the argmax.
-        A differing token further away than that is a real losslessness failure."""
-        return self.steps <= self.TIE_STEPS
+        """Both differing tokens are within ``TIE_STEPS`` dtype resolution steps of the best logit, or within twice
+        the backend's measured block noise (each of the two logits may move by ``noise``): scoring a token inside
+        a block instead of alone (other matrix kernels, other rounding) can then flip the argmax. A differing token
+        further away than that is a real losslessness failure."""
+        gap = self.top2_gap if math.isnan(self.gap) else self.gap
+        return self.steps <= self.TIE_STEPS or gap <= 2 * self.noise
 
     @property
     def steps(self) -> float:
@@ -47,8 +54,9 @@ class Divergence:
     def describe(self) -> str:
         """One line: the gap, in logits and in resolution steps, and the verdict."""
         verdict = "a near-tie" if self.near_tie else "NOT a near-tie"
+        noise = f", block-vs-single noise {self.noise:.3f} (twice: {2 * self.noise:.3f})" if self.noise else ""
         return (f"logit gap {self.gap if not math.isnan(self.gap) else self.top2_gap:.4f} = {self.steps:.1f} "
-                f"resolution steps of {self.resolution:g}: {verdict}")
+                f"resolution steps of {self.resolution:g}{noise}: {verdict}")
 
 
 def dtype_resolution(x: float, dtype: torch.dtype) -> float:
@@ -69,4 +77,5 @@ def first_divergence(target: ModelBackend, prompt: list[int], a: list[int], b: l
     top = torch.topk(logits, 2).values
     best = float(top[0])
     gap = best - min(float(logits[x]), float(logits[y])) if x >= 0 and y >= 0 else float("nan")
-    return Divergence(i, x, y, best - float(top[1]), gap, dtype_resolution(best, target.dtype))
+    return Divergence(i, x, y, best - float(top[1]), gap, dtype_resolution(best, target.dtype),
+                      target.block_noise(prompt + a[:i]))

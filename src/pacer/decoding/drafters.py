@@ -55,12 +55,14 @@ class Drafter:
 
 
 def token_features(q: torch.Tensor, x: int, state: DraftState) -> None:
-    """Append the cheap per-token features of draft token ``x`` drawn from ``q`` to ``state``."""
-    state.tokens.append(x)
-    state.prob.append(float(q[x]))
-    state.top_prob.append(float(q.max()))
+    """Append the cheap per-token features of draft token ``x`` drawn from ``q`` to ``state`` (computed where ``q``
+    is and read back in one transfer)."""
     logq = torch.log(q.clamp_min(1e-30))
-    state.entropy.append(float(-(q * logq).sum()))
+    prob, top, entropy = torch.stack([q[x], q.max(), -(q * logq).sum()]).tolist()
+    state.tokens.append(x)
+    state.prob.append(prob)
+    state.top_prob.append(top)
+    state.entropy.append(entropy)
 
 
 class Proposal:
@@ -105,7 +107,7 @@ class Proposal:
         self.state.phrase.append(phrase)
         if confidence is not None:
             self.state.confidence.append(confidence)
-        if self.layers is not None:
+        if self.layers is not None:  # kept on the draft's device; a policy moves them where its layer runs
             self.state.hidden.append(torch.cat([hidden[i][row] for i in self.layers]).float())
         if keep_q:
             self.qs.append(q)

@@ -1,5 +1,10 @@
 """The ``transformers`` implementation of :class:`~pacer.decoding.backend.ModelBackend`: a ``DynamicCache``,
-optional tree attention, and the restricted LM head of a reduced draft vocabulary."""
+optional tree attention, and the restricted LM head of a reduced draft vocabulary.
+
+The backend runs where its model is (:attr:`TransformersBackend.device`, see :mod:`pacer.devices`): the ids, the
+tree mask and position ids of every forward are made there, and the restricted head keeps its row indices there
+too (the host copies, ``rows`` and the ``_kept`` mask, are for bookkeeping), so that a forward copies nothing to the
+device but its ids (and a tree's mask)."""
 
 from __future__ import annotations
 
@@ -45,29 +50,32 @@ class TransformersBackend(ModelBackend):
             if getattr(cfg, attr, None) not in (None, 0, 1, 1.0):
                 raise PacerError(f"a reduced draft vocabulary: this draft model transforms its logits ({attr}); "
                                  f"draft from the full vocabulary")
-        rows = torch.as_tensor(rows, dtype=torch.long)
+        rows = torch.as_tensor(rows, dtype=torch.long, device="cpu")
         V = self.vocab_size
         if rows.ndim != 1 or len(rows) == 0 or int(rows.min()) < 0 or int(rows.max()) >= V:
             raise PacerError(f"a reduced draft vocabulary: token ids must lie in [0, {V}) (the draft's vocabulary)")
         self.rows = rows.sort().values
-        self._w = head.weight.detach()[self.rows].contiguous()
-        self._b = head.bias.detach()[self.rows] if getattr(head, "bias", None) is not None else None
-        self._kept = torch.zeros(V, dtype=torch.bool)
+        self._rows_dev = self.rows.to(self.device)
+        self._w = head.weight.detach()[self._rows_dev].contiguous()
+        self._b = head.bias.detach()[self._rows_dev] if getattr(head, "bias", None) is not None else None
+        self._kept = torch.zeros(V, dtype=torch.bool, device="cpu")
         self._kept[self.rows] = True
         self._extra: torch.Tensor | None = None
+        self._extra_dev: torch.Tensor | None = None
 
     def add_rows(self, ids: Sequence[int]) -> None:
         """Also score ``ids`` (e.g. the prompt's tokens, which a continuation often repeats) until :meth:`reset`."""
-        new = torch.tensor(sorted(set(ids)), dtype=torch.long)
+        new = torch.tensor(sorted(set(ids)), dtype=torch.long, device="cpu")
         new = new[(new >= 0) & (new < self.vocab_size)]
         new = new[~self._kept[new]]
         if len(new) == 0:
             return
         self._kept[new] = True
         self._extra = new if self._extra is None else torch.cat([self._extra, new])
+        self._extra_dev = self._extra.to(self.device)
         head = self.model.get_output_embeddings()
-        self._w_extra = head.weight.detach()[self._extra].contiguous()
-        self._b_extra = head.bias.detach()[self._extra] if self._b is not None else None
+        self._w_extra = head.weight.detach()[self._extra_dev].contiguous()
+        self._b_extra = head.bias.detach()[self._extra_dev] if self._b is not None else None
 
     def scored_rows(self) -> torch.Tensor | None:
         if self.rows is None:
@@ -80,7 +88,7 @@ class TransformersBackend(ModelBackend):
         self.length = 0
         if self.rows is not None and self._extra is not None:
             self._kept[self._extra] = False
-            self._extra = None
+            self._extra = self._extra_dev = None
 
     def _tree_kwargs(self, tree: Tree) -> dict:
         """The 4D float mask ``(1, 1, N, length + N)`` (0 where attended, ``-inf`` elsewhere) and position ids."""
@@ -121,10 +129,10 @@ class TransformersBackend(ModelBackend):
         if self._b is not None:
             sub = sub + self._b
         logits = torch.full((h.shape[0], self.vocab_size), float("-inf"), device=h.device)
-        logits[:, self.rows] = sub.float()
-        if self._extra is not None:
+        logits[:, self._rows_dev] = sub.float()
+        if self._extra_dev is not None:
             extra = h @ self._w_extra.T
-            logits[:, self._extra] = (extra + self._b_extra if self._b_extra is not None else extra).float()
+            logits[:, self._extra_dev] = (extra + self._b_extra if self._b_extra is not None else extra).float()
         hs = tuple(x[0] for x in out.hidden_states) if hidden else None
         return logits, hs
 

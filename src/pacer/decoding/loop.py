@@ -13,6 +13,11 @@ One round of :func:`speculative_generate` (``γ`` draft tokens, ``n`` accepted; 
 The loop sees models only through :class:`~pacer.decoding.backend.ModelBackend` (``target``, and the drafter's
 own), drafting only through :class:`~pacer.decoding.drafters.Drafter`, and the length decision only through
 :class:`~pacer.policies.DraftPolicy`. The committed sequence is ``tokens``; a backend is fed ``tokens[length:]``.
+
+On a GPU the loop stays on the host; what it reads back from the device is what its decisions need: a drafted
+token and its features (:func:`~pacer.decoding.drafters.token_features`: one transfer), the verdict of a round
+(the target's argmax, or the sampling rule's values) and nothing else. Those reads wait for the device, so the
+round's timings (``RoundResult``, the stats) are true without an explicit synchronisation.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ def autoregressive_generate(
     target: ModelBackend, prompt: list[int], out: Output, sampling: SamplingConfig, stats: GenerationStats
 ) -> list[int]:
     """Plain decoding: one target forward per token. The baseline every speedup is measured against."""
-    gen = sampling.generator()
+    gen = sampling.generator(target.device)  # sampling happens where the target's probabilities are
     target.reset()
     tokens = list(prompt)
     start = time.perf_counter()
@@ -58,7 +63,7 @@ def speculative_generate(
     stats: GenerationStats,
 ) -> list[int]:
     """Speculative decoding with draft length chosen by ``policy`` (see the module docstring for the steps)."""
-    gen = sampling.generator()
+    gen = sampling.generator(target.device)  # sampling happens where the target's probabilities are
     target.reset()
     drafter.reset()
     policy.reset()

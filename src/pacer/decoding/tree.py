@@ -49,13 +49,13 @@ class Draft:
         if not self.branches:
             return ids, None
         main, n = len(ids), len(ids) + sum(len(b) for b in self.branches)
-        attend = torch.zeros(n, n, dtype=torch.bool)
+        attend = torch.zeros(n, n, dtype=torch.bool, device="cpu")  # host data: the backend moves it
         attend[:, :main] = True  # every branch sees the whole main chain ...
-        attend[:main, :main] = torch.ones(main, main, dtype=torch.bool).tril()  # ... which is causal
+        attend[:main, :main] = torch.ones(main, main, dtype=torch.bool, device="cpu").tril()  # ... which is causal
         depth = list(range(main))
         for b in self.branches:
             o, k = len(ids), len(b)
-            attend[o : o + k, o : o + k] = torch.ones(k, k, dtype=torch.bool).tril()  # and its own prefix
+            attend[o : o + k, o : o + k] = torch.ones(k, k, dtype=torch.bool, device="cpu").tril()  # and its own prefix
             depth += range(main, main + k)
             ids = ids + b
         return ids, Tree(attend, tuple(depth))

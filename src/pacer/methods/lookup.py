@@ -29,10 +29,11 @@ KEY_CONFIDENCE = {1: 0.35, 2: 0.6, 3: 0.75, 4: 0.85}
 
 class LookupDrafter(Drafter):
     """Drafts continuations of matching n-grams from a pool of this generation's text (prompt, output, the target's
-    tokens after a rejection); ``vocab`` is the target's vocabulary size (the width of ``q``)."""
+    tokens after a rejection); ``vocab`` is the target's vocabulary size (the width of ``q``), ``device`` the
+    target's (where ``q`` is made: sampling verifies it against the target's ``p`` there)."""
 
-    def __init__(self, vocab: int, ngram: int = 8, key_len: int = 3) -> None:
-        self.vocab, self.ngram, self.key_len = vocab, ngram, key_len
+    def __init__(self, vocab: int, ngram: int = 8, key_len: int = 3, device: torch.device | str = "cpu") -> None:
+        self.vocab, self.ngram, self.key_len, self.device = vocab, ngram, key_len, torch.device(device)
         self.reset()
 
     def reset(self) -> None:
@@ -54,7 +55,7 @@ class LookupDrafter(Drafter):
                 if not p.ask(free=True, confidence=conf):
                     self._last = p.draft()
                     return self._last
-                q = torch.zeros(self.vocab)
+                q = torch.zeros(self.vocab, device=self.device)
                 q[x] = 1.0
                 p.add(q, x, None, 0, phrase=True, keep_q=not sampling.greedy, confidence=conf)
                 ctx.append(x)
@@ -91,7 +92,7 @@ def _policy(b: Build) -> LookupPolicy:
 
 
 def _drafter(b: Build) -> LookupDrafter:
-    return LookupDrafter(b.decoder.vocab, **b.options)
+    return LookupDrafter(b.decoder.vocab, **b.options, device=b.decoder.target.device)
 
 
 register(Method("lookup", "prompt lookup: drafts the continuation of the longest matching n-gram of the prompt and "

@@ -51,7 +51,7 @@ class Recorder(FixedPolicy):
         n = state.n
         if n == 0:
             return
-        self.rows["hidden"].append(torch.stack(state.hidden).to(torch.float16))
+        self.rows["hidden"].append(torch.stack(state.hidden).to("cpu", torch.float16))  # the draft may be on a GPU
         self.rows["scalars"].append(scalar_features(state, self.spec, self.hist))
         idx = torch.arange(1, n + 1)
         self.rows["accepted"].append((idx <= result.accepted).to(torch.uint8))

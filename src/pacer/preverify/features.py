@@ -90,4 +90,4 @@ def scalar_features(state: DraftState, spec: FeatureSpec, hist: RoundHistory, st
         p = state.prob[i]
         rows.append([p, state.top_prob[i], state.entropy[i], math.log(max(p, 1e-13)),
                      (i + 1) / spec.max_draft, hist.prev, hist.ema])
-    return torch.tensor(rows, dtype=torch.float32).reshape(-1, len(SCALAR_NAMES))
+    return torch.tensor(rows, dtype=torch.float32, device="cpu").reshape(-1, len(SCALAR_NAMES))

@@ -51,8 +51,8 @@ class PreVerifier(nn.Module):
     def encode(self, hidden: torch.Tensor, scalars: torch.Tensor) -> torch.Tensor:
         """``[B, m, D], [B, m, S] -> [B, m, d]`` contextual token states (causal over the draft)."""
         m = hidden.shape[1]
-        e = self.proj_h(self.norm_h(hidden)) + self.proj_s(scalars) + self.pos(torch.arange(m))
-        mask = torch.triu(torch.ones(m, m, dtype=torch.bool), 1)
+        e = self.proj_h(self.norm_h(hidden)) + self.proj_s(scalars) + self.pos(torch.arange(m, device=hidden.device))
+        mask = torch.triu(torch.ones(m, m, dtype=torch.bool, device=hidden.device), 1)
         a, _ = self.attn(self.norm_a(e), self.norm_a(e), self.norm_a(e), attn_mask=mask, need_weights=False)
         z = e + a
         return z + self.mlp(self.norm_m(z))

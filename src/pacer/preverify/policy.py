@@ -92,6 +92,8 @@ class _LearnedPolicy(DraftPolicy):
         super().__init__(cfg.get("min_draft", 1) if min_draft is None else min_draft,
                          spec.max_draft if max_draft is None else max_draft)
         self.model, self.mu, self.sd, self.cfg, self.spec = model, mu, sd, cfg, spec
+        #: where the layer runs (with its normaliser): the CPU for a loaded checkpoint, whatever the draft's device
+        self.device = mu.device
         #: ``None`` after construction: no threshold, the layer's survival score feeds the cost-aware rule
         #: (:mod:`pacer.costs`); the constructor's ``None`` means the checkpoint's threshold
         self.threshold: float | None = float(cfg["threshold"] if threshold is None else threshold)
@@ -112,9 +114,10 @@ class _LearnedPolicy(DraftPolicy):
         self.hist.update(result.drafted, result.accepted)
 
     def inputs(self, state: DraftState, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """Hidden states ``[n - start, D]`` and normalised scalars ``[n - start, S]`` of tokens ``start..n-1``."""
-        hidden = torch.stack(state.hidden[start:])[:, : self.spec.hidden_dim].float()
-        scalars = (scalar_features(state, self.spec, self.hist, start) - self.mu) / self.sd
+        """Hidden states ``[n - start, D]`` and normalised scalars ``[n - start, S]`` of tokens ``start..n-1``, on
+        the layer's device (the draft's hidden states, e.g. on a GPU, are moved in one transfer per check)."""
+        hidden = torch.stack(state.hidden[start:])[:, : self.spec.hidden_dim].to(self.device, torch.float32)
+        scalars = (scalar_features(state, self.spec, self.hist, start).to(self.device) - self.mu) / self.sd
         return hidden, scalars
 
 

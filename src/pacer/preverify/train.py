@@ -368,12 +368,14 @@ def check_cost(kind: str, model: nn.Module, spec: FeatureSpec, reps: int = 30) -
 
     m = spec.max_draft if kind == "pacer" else 1
     state = DraftState(tokens=[0] * m, prob=[0.5] * m, top_prob=[0.6] * m, entropy=[1.0] * m)
-    h = torch.randn(m, spec.hidden_dim)
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")  # where the layer runs
+    h = torch.randn(m, spec.hidden_dim, device=device)
     hist = RoundHistory()
     times = []
     for _ in range(reps):
         t = time.perf_counter()
-        s = scalar_features(state, spec, hist)
+        s = scalar_features(state, spec, hist).to(device)
         if kind == "pacer":
             model(h[None], s[None])
         else:

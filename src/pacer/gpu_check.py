@@ -1,0 +1,510 @@
+"""The Python side of ``scripts/gpu_check.sh``: forward costs on a device, the decoding loop's own overhead, and the
+speedup that draft-length rules would reach with those costs.
+
+``python -m pacer.gpu_check [--device cuda] [--out DIR]`` builds random-weight ``transformers`` Qwen2 models with the
+shapes of Qwen2.5-0.5B, 1.5B and 7B (no download: the machine that runs the check may have no network) in bf16 and
+measures, on the device:
+
+* **target forward cost** ``c_t(k)``: one forward scoring ``k`` new tokens (``k`` = 1, 2, 4, ..., 32) after a
+  ``--context``-token cache (256), keeping ``k`` rows of logits as the loop's verification does;
+* **draft token cost** ``c_d``: one new token through the 0.5B shape (the draft of both pairs), with the full LM head
+  and with a reduced draft vocabulary of 32,768 rows (:mod:`pacer.draftvocab`);
+* **loop overhead**: the time of a speculative round minus its forwards (fixed ``γ`` = 1, 4, 8 greedy and ``γ`` = 4
+  sampling, random-weight pairs 1.5B/0.5B and 7B/0.5B), and of a plain decoding step minus its forward, as a
+  fraction of ``c_t(1)``; every forward is timed between two device synchronisations (:class:`TimedBackend`).
+
+Then it **simulates** decoding on acceptance traces with those costs: fixed ``γ`` = 1..8, the cost-aware rule
+(:class:`pacer.costs.CostAwarePolicy` over ``sd`` capped at 16, deciding on the forward costs and learning the
+acceptance per draft position as it goes) and the oracle length (:class:`pacer.policies.OraclePolicy`: drafts exactly
+the tokens the draft gets right; also under the cost-aware rule). A round costs ``γ c_d + c_t(γ + 1) + o(γ)`` (``o``:
+the measured overhead, linear in ``γ``); plain decoding ``c_t(1) + o_ar`` a token. Traces: the per-round accepted
+counts of the ``oracle`` method in the committed benchmark runs (``docs/bench/default-pair-n10/answers.jsonl``: the
+real Qwen2.5-Coder 1.5B/0.5B pair; a run of ``n`` accepted tokens is ``n`` agreements and one disagreement) and
+i.i.d. per-token acceptance ``α`` in {0.6, 0.7, 0.8}.
+
+Writes ``gpu_check.json`` (every number) and ``gpu_check_costs.md`` (the Markdown section of the report) to
+``--out``. ``--quick`` uses tiny shapes, a short context and few repetitions: the CPU test
+(``tests/test_device.py``) runs ``--device cpu --quick`` in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from . import devices
+from .costs import CostAwarePolicy, CostMemory, Costs
+from .decoding import (
+    ModelBackend,
+    Output,
+    TokenDrafter,
+    TransformersBackend,
+    autoregressive_generate,
+    speculative_generate,
+)
+from .policies import DraftPolicy, DraftState, FixedPolicy, OraclePolicy, RoundResult
+from .sampling import SamplingConfig
+from .stats import GenerationStats
+
+KS = (1, 2, 4, 8, 16, 32)
+GAMMAS = tuple(range(1, 9))
+ALPHAS = (0.6, 0.7, 0.8)
+#: the cost-aware rule's cap in the simulation (``sd`` capped at this many tokens)
+AWARE_CAP = 16
+REDUCED_VOCAB = 32768
+TRACES = Path(__file__).resolve().parents[2] / "docs" / "bench" / "default-pair-n10" / "answers.jsonl"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A Qwen2 decoder's shape."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    tie: bool = True
+
+
+SHAPES = {
+    "qwen2.5-0.5b": Shape(896, 24, 14, 2, 4864, 151936, tie=True),
+    "qwen2.5-1.5b": Shape(1536, 28, 12, 2, 8960, 151936, tie=True),
+    "qwen2.5-7b": Shape(3584, 28, 28, 4, 18944, 152064, tie=False),
+}
+#: (target, draft)
+PAIRS = (("qwen2.5-1.5b", "qwen2.5-0.5b"), ("qwen2.5-7b", "qwen2.5-0.5b"))
+QUICK_SHAPES = {
+    "tiny-s": Shape(64, 2, 4, 2, 128, 2048),
+    "tiny-m": Shape(96, 3, 4, 2, 192, 2048),
+    "tiny-l": Shape(128, 4, 4, 2, 256, 2048, tie=False),
+}
+QUICK_PAIRS = (("tiny-m", "tiny-s"), ("tiny-l", "tiny-s"))
+
+
+# ------------------------------------------------------------------------------------------------------ models
+def build_model(shape: Shape, dtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.nn.Module:
+    """A random-weight Qwen2 causal LM of ``shape``, made directly on ``device`` in ``dtype``."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+                      num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                      num_key_value_heads=shape.kv_heads, max_position_embeddings=32768,
+                      tie_word_embeddings=shape.tie)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = Qwen2ForCausalLM._from_config(cfg, dtype=dtype)
+    return model.eval()
+
+
+def params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def token_ids(n: int, vocab: int, offset: int = 0) -> list[int]:
+    """``n`` deterministic token ids spread over the vocabulary."""
+    return [(1000 + 7919 * (i + offset)) % max(2, vocab - 1) for i in range(n)]
+
+
+# ------------------------------------------------------------------------------------------------------ timing
+class TimedBackend(ModelBackend):
+    """A backend that adds up the seconds of its forwards, each timed between two synchronisations of its device
+    (what a round spends outside them is the loop's own overhead)."""
+
+    def __init__(self, inner: ModelBackend) -> None:
+        self.inner = inner
+        self.seconds = 0.0
+        self.forwards = 0
+
+    length = property(lambda self: self.inner.length)
+    context = property(lambda self: self.inner.context)
+    vocab_size = property(lambda self: self.inner.vocab_size)
+    device = property(lambda self: self.inner.device)
+    dtype = property(lambda self: self.inner.dtype)
+    identity = property(lambda self: self.inner.identity)
+    rows = property(lambda self: self.inner.rows)
+    hidden_layers = property(lambda self: self.inner.hidden_layers)
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def forward(self, ids, *, keep=0, hidden=False, tree=None):
+        devices.synchronize(self.device)
+        t = time.perf_counter()
+        out = self.inner.forward(ids, keep=keep, hidden=hidden, tree=tree)
+        devices.synchronize(self.device)
+        self.seconds += time.perf_counter() - t
+        self.forwards += 1
+        return out
+
+    def crop(self, length: int) -> None:
+        self.inner.crop(length)
+
+    def score(self, ids):
+        return self.inner.score(ids)
+
+    def scored_rows(self):
+        return self.inner.scored_rows()
+
+
+def timed_forward(backend: ModelBackend, tokens: list[int], base: int, keep: int) -> float:
+    """Seconds of one forward of ``tokens`` after ``base`` cached tokens (synchronised), cropped back after."""
+    devices.synchronize(backend.device)
+    t = time.perf_counter()
+    backend.forward(tokens, keep=keep)
+    devices.synchronize(backend.device)
+    dt = time.perf_counter() - t
+    backend.crop(base)
+    return dt
+
+
+@torch.inference_mode()
+def cost_curve(model: torch.nn.Module, context: int, reps: int, ks: Sequence[int] = KS) -> dict[int, float]:
+    """``c_t(k)``: median seconds of a forward scoring ``k`` new tokens (keeping ``k`` rows of logits, as the
+    loop's verification does) after ``context`` cached tokens."""
+    b = TransformersBackend(model)
+    vocab = b.vocab_size
+    b.forward(token_ids(context, vocab), keep=1)
+    out = {}
+    for k in ks:
+        toks = token_ids(k, vocab, offset=context)
+        timed_forward(b, toks, context, k)  # warm-up of this shape
+        out[k] = statistics.median(timed_forward(b, toks, context, k) for _ in range(reps))
+    return out
+
+
+@torch.inference_mode()
+def draft_cost(model: torch.nn.Module, context: int, reps: int, rows: torch.Tensor | None = None) -> float:
+    """``c_d``: median seconds of one new token through the draft (full head, or the reduced one of ``rows``)."""
+    b = TransformersBackend(model, rows)
+    ctx = token_ids(context, b.vocab_size)
+    b.forward(ctx, keep=1)
+    tok = token_ids(1, b.vocab_size, offset=context)
+    timed_forward(b, tok, context, 1)
+    return statistics.median(timed_forward(b, tok, context, 1) for _ in range(reps))
+
+
+@torch.inference_mode()
+def loop_overhead(target: torch.nn.Module, draft: torch.nn.Module, context: int, rounds: int,
+                  gammas: Sequence[int] = (1, 4, 8)) -> dict[str, dict[str, float]]:
+    """What the loop spends outside its forwards, per round: ``"ar"`` (a plain decoding step), ``"g1"``, ``"g4"``,
+    ``"g8"`` (greedy rounds of fixed ``γ``) and ``"s4"`` (sampled rounds of ``γ = 4``), each ``{"seconds", "gamma"
+    (the mean draft length: the last rounds of a budget draft fewer), "rounds"}``. Random weights accept little
+    greedily (about one token a round) and much when sampling (near-uniform distributions)."""
+    t = TimedBackend(TransformersBackend(target))
+    d = TimedBackend(TransformersBackend(draft))
+    prompt = token_ids(context, min(t.vocab_size, d.vocab_size))
+
+    def run(gamma: int, sampling: SamplingConfig, n: int) -> dict[str, float]:
+        t.seconds = d.seconds = 0.0
+        stats = GenerationStats()
+        out = Output(n, set())  # no end token: the whole budget
+        if gamma == 0:
+            autoregressive_generate(t, prompt, out, sampling, stats)
+        else:
+            speculative_generate(t, TokenDrafter(d, t.vocab_size), FixedPolicy(gamma), prompt, out, sampling, stats)
+        r = max(stats.rounds, 1)
+        return {"seconds": (stats.wall_time - t.seconds - d.seconds) / r, "gamma": stats.draft_tokens / r,
+                "rounds": stats.rounds}
+
+    greedy, sampled = SamplingConfig(), SamplingConfig(temperature=1.0, seed=0)
+    run(4, greedy, 4)  # warm-up (every first call of a shape)
+    run(4, sampled, 4)
+    out = {"ar": run(0, greedy, rounds)}
+    for g in gammas:
+        out[f"g{g}"] = run(g, greedy, rounds + g)
+    out["s4"] = run(4, sampled, 3 * rounds)
+    return out
+
+
+def fit_overhead(over: dict[str, dict[str, float]]) -> tuple[float, float]:
+    """``o(γ) = a + b γ`` by least squares over the greedy rounds (``b`` clipped at 0)."""
+    pts = [(v["gamma"], v["seconds"]) for k, v in over.items() if k.startswith("g")]
+    if len(pts) < 2:
+        return (pts[0][1] if pts else 0.0), 0.0
+    mx = statistics.fmean(g for g, _ in pts)
+    my = statistics.fmean(v for _, v in pts)
+    sxx = sum((g - mx) ** 2 for g, _ in pts)
+    b = max(0.0, sum((g - mx) * (v - my) for g, v in pts) / sxx) if sxx else 0.0
+    return max(0.0, my - b * mx), b
+
+
+# ----------------------------------------------------------------------------------------------------- traces
+def bench_traces(path: Path, method: str = "oracle") -> list[list[bool]]:
+    """Per-position agreement of draft and target, one list per answer turn, rebuilt from the per-round counts of
+    ``method``'s records in a ``pacer bench`` answers file: a round that accepted ``n`` tokens is ``n`` agreements
+    and one disagreement (the oracle drafts exactly up to the draft's first disagreement; where a round stopped at
+    the oracle's cap or the budget instead, the next position counts as a disagreement: a slight underestimate)."""
+    traces = []
+    for line in Path(path).read_text().splitlines():
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        if rec.get("method") != method:
+            continue
+        for choice in rec.get("choices", [])[:1]:
+            accepts = choice.get("accept_lengths", [])
+            if accepts and isinstance(accepts[0], int):  # one turn, stored flat
+                accepts = [accepts]
+            for turn in accepts:
+                agree: list[bool] = []
+                for a in turn:
+                    agree += [True] * max(0, int(a) - 1) + [False]
+                if agree:
+                    traces.append(agree)
+    return traces
+
+
+def iid_traces(alpha: float, n: int, length: int, seed: int = 0) -> list[list[bool]]:
+    """``n`` traces of ``length`` positions, each an agreement with probability ``alpha``."""
+    rng = random.Random(seed)
+    return [[rng.random() < alpha for _ in range(length)] for _ in range(n)]
+
+
+# ------------------------------------------------------------------------------------------------- simulation
+@dataclass
+class SimResult:
+    speedup: float
+    tau: float
+    mean_gamma: float
+
+
+def simulate(traces: list[list[bool]], policy: DraftPolicy, costs: Costs, overhead: Callable[[int], float],
+             ar_overhead: float, oracle: OraclePolicy | None = None) -> SimResult:
+    """Greedy decoding of every trace with ``policy`` (``oracle``: the oracle inside it, given each trace), against
+    plain decoding; the loop's budget and ``min_draft`` handshake as in :func:`speculative_generate`."""
+    sd_time = ar_time = 0.0
+    rounds = drafted = tokens = 0
+    for agree in traces:
+        n_tok = len(agree)
+        if oracle is not None:
+            oracle.set_reference(agree)
+        policy.reset()
+        j = 0
+        while j < n_tok:
+            budget = min(policy.max_draft, n_tok - j - 1)
+            state = DraftState()
+            while state.n < budget and (state.n < policy.min_draft or policy.should_continue(state)):
+                state.tokens.append(0)
+                state.prob.append(1.0)
+                state.top_prob.append(1.0)
+                state.entropy.append(0.0)
+            g = state.n
+            n = 0
+            while n < g and agree[j + n]:
+                n += 1
+            committed = min(n + 1, n_tok - j)
+            sd_time += g * costs.draft + costs.target_cost(g + 1) + overhead(g)
+            policy.update(state, RoundResult(g, n, draft_seconds=g * costs.draft,
+                                             verify_seconds=costs.target_cost(g + 1), scored=g + 1,
+                                             draft_forwards=g, committed=committed))
+            rounds += 1
+            drafted += g
+            tokens += committed
+            j += committed
+        ar_time += n_tok * (costs.target_cost(1) + ar_overhead)
+    return SimResult(ar_time / sd_time if sd_time else float("nan"), tokens / max(rounds, 1),
+                     drafted / max(rounds, 1))
+
+
+def simulate_all(traces: list[list[bool]], costs: Costs, over: dict[str, float]) -> dict[str, SimResult]:
+    """Fixed ``γ`` = 1..8, the cost-aware rule, the oracle and the oracle under the cost-aware rule."""
+    a, b = fit_overhead(over)
+
+    ar = over["ar"]["seconds"]
+
+    def overhead(g: int) -> float:
+        return ar if g == 0 else a + b * g
+
+    out = {}
+    for g in GAMMAS:
+        out[f"γ={g}"] = simulate(traces, FixedPolicy(g), costs, overhead, ar)
+    aware = CostAwarePolicy(FixedPolicy(AWARE_CAP, min_draft=0), costs, refine=0.0, memory=CostMemory())
+    out["cost-aware"] = simulate(traces, aware, costs, overhead, ar)
+    oracle = OraclePolicy([], min_draft=0, max_draft=32)
+    out["oracle"] = simulate(traces, oracle, costs, overhead, ar, oracle)
+    oracle = OraclePolicy([], min_draft=0, max_draft=32)
+    aware_oracle = CostAwarePolicy(oracle, costs, refine=0.0, memory=CostMemory())
+    out["oracle, cost-aware"] = simulate(traces, aware_oracle, costs, overhead, ar, oracle)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------- run
+def run(device: torch.device, dtype: torch.dtype, quick: bool, context: int, reps: int, rounds: int,
+        trace_files: Sequence[Path], say: Callable[[str], None]) -> dict:
+    """Every measurement and simulation (see the module docstring) as one JSON-able dict."""
+    shapes = QUICK_SHAPES if quick else SHAPES
+    pairs = QUICK_PAIRS if quick else PAIRS
+    draft_name = pairs[0][1]
+    doc: dict = {"device": devices.describe(device), "dtype": str(dtype).removeprefix("torch."),
+                 "torch": torch.__version__, "quick": quick, "context": context, "reps": reps, "ks": list(KS),
+                 "shapes": {k: asdict(v) for k, v in shapes.items()}, "models": {}, "draft": {}, "overhead": {},
+                 "simulation": {}, "traces": {}}
+    start = time.perf_counter()
+    say(f"building the draft shape {draft_name}")
+    draft = build_model(shapes[draft_name], dtype, device, seed=1)
+    doc["models"][draft_name] = {"params": params(draft), "c_t": cost_curve(draft, context, reps)}
+    rows = torch.arange(min(REDUCED_VOCAB, shapes[draft_name].vocab // 2))
+    doc["draft"] = {"model": draft_name, "full": draft_cost(draft, context, reps),
+                    "reduced": draft_cost(draft, context, reps, rows), "reduced_rows": len(rows)}
+    for target_name, _ in pairs:
+        say(f"building the target shape {target_name}")
+        target = build_model(shapes[target_name], dtype, device, seed=2)
+        doc["models"][target_name] = {"params": params(target), "c_t": cost_curve(target, context, reps)}
+        say(f"loop overhead, {target_name} / {draft_name}")
+        doc["overhead"][f"{target_name}/{draft_name}"] = loop_overhead(target, draft, context, rounds)
+        del target
+        free(device)
+    del draft
+    free(device)
+    doc["measure_seconds"] = time.perf_counter() - start
+
+    trace_sets: dict[str, list[list[bool]]] = {}
+    for f in trace_files:
+        if Path(f).exists():
+            found = bench_traces(Path(f))
+            if found:
+                trace_sets[f"bench oracle ({Path(f).parent.name})"] = found[:6] if quick else found
+    for a in ALPHAS:
+        trace_sets[f"iid α={a}"] = iid_traces(a, 4 if quick else 30, 48 if quick else 128, seed=int(a * 100))
+    doc["traces"] = {k: {"traces": len(v), "tokens": sum(map(len, v)),
+                         "agreement": round(sum(map(sum, v)) / max(1, sum(map(len, v))), 4)}
+                     for k, v in trace_sets.items()}
+    for target_name, _ in pairs:
+        pair = f"{target_name}/{draft_name}"
+        say(f"simulating {pair}")
+        costs = Costs(doc["draft"]["full"], dict(doc["models"][target_name]["c_t"]))
+        over = doc["overhead"][pair]
+        doc["simulation"][pair] = {name: {k: asdict(r) for k, r in simulate_all(tr, costs, over).items()}
+                                   for name, tr in trace_sets.items()}
+    doc["seconds"] = time.perf_counter() - start
+    return doc
+
+
+# ------------------------------------------------------------------------------------------------------ report
+def _ms(x: float) -> str:
+    return f"{x * 1e3:.2f}"
+
+
+def _c1(model: dict) -> float:
+    """``c_t(1)`` of a model's record (its keys are ints, or strings once read back from JSON)."""
+    c = model["c_t"]
+    return c[1] if 1 in c else c["1"]
+
+
+def markdown(doc: dict) -> str:
+    """The report's cost, overhead and simulation sections."""
+    ks = doc["ks"]
+    lines = [f"## Costs on {doc['device']} ({doc['dtype']}, random weights, {doc['context']}-token context, "
+             f"median of {doc['reps']})", ""]
+    if doc["quick"]:
+        lines += ["*Quick run: tiny shapes, not the Qwen2.5 ones; the numbers only show that the check runs.*", ""]
+    lines += ["Target forward scoring k new tokens (ms; the loop's verification keeps k rows of logits):", "",
+              "| model | params | " + " | ".join(f"k={k}" for k in ks) + f" | c_t({ks[-1]}) / c_t(1) |",
+              "|---|---:|" + "---:|" * len(ks) + "---:|"]
+    for name, m in doc["models"].items():
+        c = {int(k): v for k, v in m["c_t"].items()}
+        size = f"{m['params'] / 1e9:.2f}B" if m["params"] >= 1e8 else f"{m['params'] / 1e6:.2f}M"
+        lines.append(f"| {name} | {size} | " + " | ".join(_ms(c[k]) for k in ks)
+                     + f" | {c[ks[-1]] / c[1]:.2f} |")
+    d = doc["draft"]
+    lines += ["", f"Draft token ({d['model']}, one new token): {_ms(d['full'])} ms with the full LM head, "
+                  f"{_ms(d['reduced'])} ms with {d['reduced_rows']} rows (reduced draft vocabulary).", ""]
+    for name, m in doc["models"].items():
+        if name != d["model"]:
+            c1 = _c1(m)
+            lines.append(f"- c_d / c_t(1) for {name}: {d['full'] / c1:.3f} (full head), {d['reduced'] / c1:.3f} "
+                         f"(reduced)")
+    lines += ["", "## Loop overhead per round (time of a round minus its forwards)", "",
+              "| pair | plain step | γ=1 | γ=4 | γ=8 | sampled γ=4 |", "|---|---:|---:|---:|---:|---:|"]
+    for pair, o in doc["overhead"].items():
+        c1 = _c1(doc["models"][pair.split("/")[0]])
+        cells = [f"{_ms(o[k]['seconds'])} ms ({o[k]['seconds'] / c1:.2f})" for k in ("ar", "g1", "g4", "g8", "s4")]
+        lines.append(f"| {pair} | " + " | ".join(cells) + " |")
+    lines += ["", "(in brackets: as a fraction of one target forward c_t(1))", "",
+              "## Simulated speedup over plain decoding", "",
+              "Each round costs γ c_d + c_t(γ+1) + o(γ) with the costs above (o: the measured overhead, fitted linear "
+              "in γ); plain decoding c_t(1) + its overhead a token. Greedy; cost-aware: the rule of pacer.costs over "
+              f"sd capped at {AWARE_CAP}, learning the acceptance per position (no refinement from timings); "
+              "oracle: drafts exactly the tokens the draft gets right (cap 32).", ""]
+    for name, t in doc["traces"].items():
+        lines.append(f"- traces `{name}`: {t['traces']} turns, {t['tokens']} tokens, agreement {t['agreement']:.3f}")
+    if not any(k.startswith("bench") for k in doc["traces"]):
+        lines.append("- no committed acceptance traces found (docs/bench/*/answers.jsonl): i.i.d. ones only")
+    for pair, sets in doc["simulation"].items():
+        cols = list(next(iter(sets.values())))
+        lines += ["", f"**{pair}** (speedup ×; mean γ of the cost-aware rule in brackets)", "",
+                  "| traces | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+        for name, res in sets.items():
+            cells = []
+            for c in cols:
+                r = res[c]
+                extra = f" ({r['mean_gamma']:.1f})" if c.startswith("cost-aware") else ""
+                cells.append(f"{r['speedup']:.2f}{extra}")
+            best = max(GAMMAS, key=lambda g: res[f"γ={g}"]["speedup"])
+            lines.append(f"| {name} (best fixed γ={best}) | " + " | ".join(cells) + " |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pacer.gpu_check", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
+    ap.add_argument("--dtype", default=None, choices=["bfloat16", "float32", "float16"],
+                    help="default: bfloat16 (float32 with --quick on the CPU)")
+    ap.add_argument("--out", default="gpu_check_out", help="folder for gpu_check.json and gpu_check_costs.md")
+    ap.add_argument("--quick", action="store_true", help="tiny shapes, short context, few repetitions (seconds)")
+    ap.add_argument("--context", type=int, default=None, help="cached tokens before a timed forward (default 256)")
+    ap.add_argument("--reps", type=int, default=None, help="forwards per timed point (default 10)")
+    ap.add_argument("--traces", action="append", default=None,
+                    help="a pacer bench answers.jsonl with oracle records (repeatable; default: "
+                         "docs/bench/default-pair-n10/answers.jsonl)")
+    args = ap.parse_args(argv)
+    from .errors import PacerError
+
+    try:
+        device = devices.check_device(args.device)
+    except PacerError as e:
+        print(f"pacer.gpu_check: error: {e}", file=sys.stderr)
+        return 2
+    dtype_name = args.dtype or ("float32" if args.quick and device.type == "cpu" else "bfloat16")
+    dtype = getattr(torch, dtype_name)
+    context = args.context or (32 if args.quick else 256)
+    reps = args.reps or (2 if args.quick else 10)
+    rounds = 6 if args.quick else 24
+    torch.manual_seed(0)
+
+    def say(msg: str) -> None:
+        print(f"pacer.gpu_check: {msg}", file=sys.stderr, flush=True)
+
+    doc = run(device, dtype, args.quick, context, reps, rounds, [Path(p) for p in args.traces or [TRACES]], say)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_check.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    (out / "gpu_check_costs.md").write_text(markdown(doc))
+    bad = [p for p, sets in doc["simulation"].items() for r in sets.values() for v in r.values()
+           if not math.isfinite(v["speedup"])]
+    say(f"done in {doc['seconds']:.0f}s: {out / 'gpu_check_costs.md'}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
