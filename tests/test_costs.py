@@ -9,7 +9,7 @@ import torch
 
 from pacer import Decoder
 from pacer import calibration as cal_mod
-from pacer.costs import CostAwarePolicy, CostMemory, Costs, SurvivalCalibrator, gain_pays
+from pacer.costs import CostAwarePolicy, CostMemory, Costs, SurvivalCalibrator, catch_up_pays, gain_pays
 from pacer.policies import DraftState, FixedPolicy, RoundResult
 from pacer.tiny import tiny_pair
 
@@ -350,3 +350,32 @@ def test_a_token_that_came_with_a_phrase_costs_no_draft_forward():
     assert gain_pays(S, 0.6, dear, free=True)  # only its (nearly free) place in the verification
     # what was really spent on the round counts: three free phrase tokens leave the round cheaper
     assert gain_pays(S, 0.5, FLAT, spent=0.0) and not gain_pays(S, 0.5, Costs(0.3, FLAT.target), spent=0.9)
+
+
+# ------------------------------------------------------------------------------------ the draft's catch-up
+def test_catch_up_pays_against_what_the_remaining_tokens_save():
+    """The draft's one-time catch-up (``catch_up`` tokens at ``c_pre`` each) must be repaid by what drafting saves
+    over the tokens still to come: monotone in both, and not counted when either is unknown or free."""
+    c = Costs(draft=0.03, target={1: 0.3, 2: 0.3, 8: 0.31}, draft_prefill=0.05)
+    # one-token rounds with S_1 = 0.8 save 0.3 - 0.33 / 1.8 = 0.117 s a token: 100 tokens repay 0.05 * 233 s
+    assert catch_up_pays(0.8, c, 200, 100) and not catch_up_pays(0.8, c, 260, 100)
+    assert all(catch_up_pays(0.8, c, k, 100) >= catch_up_pays(0.8, c, k + 10, 100) for k in range(0, 400, 10))
+    assert all(catch_up_pays(0.8, c, 200, r) <= catch_up_pays(0.8, c, 200, r + 5) for r in range(5, 300, 5))
+    assert catch_up_pays(0.8, c, 10_000, 0)  # remaining unknown
+    assert catch_up_pays(0.8, Costs(0.03, {1: 0.3, 2: 0.3}), 10_000, 10)  # no prefill cost measured
+    assert not catch_up_pays(0.05, c, 1, 1000)  # nothing saved per token: never
+
+
+def test_a_short_generation_after_a_long_prompt_does_not_pay_for_the_drafts_prefill():
+    """With a draft prefill as dear as a target forward, a 16-token prompt is not worth catching up for 6 tokens
+    (every round a plain decoding step, the draft never runs), but is for 60; the output is exact either way."""
+    prompt = "def f(x):\n    ret"
+    costs = Costs(draft=0.01, target={1: 1.0, 64: 1.0}, draft_prefill=1.0)
+    dec = decoder("same", costs)
+    for new, drafts in ((6, False), (60, True)):
+        ar = dec.generate(prompt, "ar", max_new_tokens=new)
+        res = dec.generate(prompt, "sd", max_new_tokens=new)
+        assert res.token_ids == ar.token_ids
+        assert (res.stats.draft_forwards > 0) == drafts, (new, res.stats.draft_lengths)
+    free = decoder("same", Costs(draft=0.01, target={1: 1.0, 64: 1.0}))
+    assert free.generate(prompt, "sd", max_new_tokens=6).stats.draft_forwards > 0

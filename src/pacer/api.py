@@ -231,7 +231,7 @@ class Decoder:
         if not aware:
             return policy
         cal = self.calibration(rows)
-        costs = Costs(cal.costs.draft, cal.costs.target, policy.check_seconds)
+        costs = Costs(cal.costs.draft, cal.costs.target, policy.check_seconds, cal.costs.draft_prefill)
         # what the rule learned about this method on this pair carries over to its next generation
         size = None if rows is None else len(rows)
         key = "|".join(map(str, (method, sorted(policy_opts.items()), min_draft, max_draft, size)))

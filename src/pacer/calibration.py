@@ -8,7 +8,8 @@ about ``k`` times one token's, on AVX-512/AMX CPUs it is nearly flat in ``k``. S
   ``k`` from 1 to ``max_draft + 1``. Where the first points already grow like ``k`` the rest is extrapolated
   (a 16-token bf16 forward takes seconds on such a CPU, and no draft can pay there anyway);
 * ``c_d`` - one draft token (one new token through the draft, with the drafter's vocabulary);
-* the prefill cost per prompt token of the target.
+* the prefill cost per prompt token of the target, and of the draft (``c_pre``: what a draft model pays to catch up
+  with tokens it has not read, see :func:`pacer.costs.catch_up_pays`).
 
 Each point is the median of ``REPS`` forwards after a warm-up, with the cache cropped back between them (on a GPU
 each forward is timed between two ``torch.cuda.synchronize()`` calls, :func:`pacer.devices.synchronize`, so that it
@@ -43,7 +44,7 @@ import torch
 from . import devices
 from .costs import Costs
 
-FORMAT = "pacer-calibration/1"
+FORMAT = "pacer-calibration/2"  # 2: the draft's prefill cost per token
 CONTEXT = 32
 REPS = 3
 NOISY = 1.5
@@ -265,17 +266,23 @@ def measure(decoder, rows: torch.Tensor | None, max_draft: int = 16, reps: int =
             if any(med[k] > NOISY * med[j] for j in med if j > k):
                 say(f"target, {k} tokens again")
                 med[k], worst[k], bad = _point(target, ctx[:k], len(ctx), reps)
-        draft = dworst = 0.0
+        draft = dworst = draft_prefill = 0.0
         if decoder.draft_info is not None:
             say("draft, 1 token")
             dm = decoder.draft_backend(rows)
+            dm.forward(ctx, keep=1)  # warm-up, then the prefill per token (the draft's catch-up cost)
+            dm.reset()
+            devices.synchronize(dm.device)
+            t = time.perf_counter()
             dm.forward(ctx, keep=1)
+            devices.synchronize(dm.device)
+            draft_prefill = (time.perf_counter() - t) / len(ctx)
             _timed(dm, ctx[:1], len(ctx))
             draft, dworst, bad = _point(dm, ctx[:1], len(ctx), reps + 2)
             noisy |= bad
     target.reset()
     use = worst if noisy else med
-    cal = Calibration(Costs(dworst if noisy else draft, dict(use)), prefill,
+    cal = Calibration(Costs(dworst if noisy else draft, dict(use), draft_prefill=draft_prefill), prefill,
                       source="measured", noisy=noisy, seconds=time.perf_counter() - start, measured=sorted(use))
     if noisy:
         cal.notes.append("the machine was too noisy for a stable measurement (forwards spread more than "

@@ -21,7 +21,9 @@ acceptance carried one step on; ``S_n · α_{n+1}`` without a score and at ``n =
 ``ΔE / ΔT >= E_n / T_n``. At ``n = 0`` the right side is plain decoding's rate ``1 / c_t(1)``, so a draft token
 is only spent where it is expected to beat plain decoding. On a machine whose ``c_t(k)`` grows like
 ``k · c_t(1)`` (verification not free) ``ΔT > c_t(1) >= ΔE · T_0``: no round drafts, and every round is a plain
-decoding step.
+decoding step. The first draft token of a round whose draft model lags behind the committed tokens also pays for its
+catch-up (:func:`catch_up_pays`: the prompt's prefill through the draft, the first time), against what drafting
+saves over the tokens the generation may still emit.
 """
 
 from __future__ import annotations
@@ -35,11 +37,13 @@ from .policies import DraftPolicy, DraftState, RoundResult
 @dataclass
 class Costs:
     """Measured seconds: ``draft`` per drafted token (``c_d``), ``target[k]`` per target forward scoring ``k``
-    tokens (``c_t(k)``, interpolated between measured ``k``), ``policy_per_check`` (``c_p``)."""
+    tokens (``c_t(k)``, interpolated between measured ``k``), ``policy_per_check`` (``c_p``), ``draft_prefill`` per
+    token the draft reads in one batch before it drafts (``c_pre``: its catch-up, see :class:`CostAwarePolicy`)."""
 
     draft: float
     target: dict[int, float]
     policy_per_check: float = 0.0
+    draft_prefill: float = 0.0
 
     def target_cost(self, k: int) -> float:
         """``c_t(k)``: linear between measured points, proportional to ``k`` beyond the last one."""
@@ -63,19 +67,21 @@ class Costs:
                 blocks[-1][0] += total
                 blocks[-1][1] += count
         values = [b[0] / b[1] for b in blocks for _ in range(int(b[1]))]
-        return Costs(self.draft, dict(zip(sorted(self.target), values, strict=True)), self.policy_per_check)
+        return Costs(self.draft, dict(zip(sorted(self.target), values, strict=True)), self.policy_per_check,
+                     self.draft_prefill)
 
     def scaled(self, draft: float, target: float) -> Costs:
-        return Costs(self.draft * draft, {k: v * target for k, v in self.target.items()}, self.policy_per_check)
+        return Costs(self.draft * draft, {k: v * target for k, v in self.target.items()}, self.policy_per_check,
+                     self.draft_prefill * draft)
 
     def to_dict(self) -> dict:
         return {"draft": self.draft, "target": {str(k): v for k, v in sorted(self.target.items())},
-                "policy_per_check": self.policy_per_check}
+                "policy_per_check": self.policy_per_check, "draft_prefill": self.draft_prefill}
 
     @classmethod
     def from_dict(cls, d: dict) -> Costs:
         return cls(float(d["draft"]), {int(k): float(v) for k, v in d["target"].items()},
-                   float(d.get("policy_per_check", 0.0)))
+                   float(d.get("policy_per_check", 0.0)), float(d.get("draft_prefill", 0.0)))
 
     def curve(self, ks: tuple[int, ...] = (1, 2, 4, 8, 16)) -> str:
         """One line: ``c_t(k)`` in ms for a few ``k`` and ``c_d``."""
@@ -96,6 +102,20 @@ def gain_pays(S: list[float], S_next: float, costs: Costs, spent: float | None =
     T = (n * (costs.draft + costs.policy_per_check) if spent is None else spent) + costs.target_cost(n + 1)
     dT = (0.0 if free else costs.draft) + costs.policy_per_check + costs.target_cost(n + 2) - costs.target_cost(n + 1)
     return S_next * T >= E * dT
+
+
+def catch_up_pays(S_1: float, costs: Costs, catch_up: int, remaining: int) -> bool:
+    """Before the first draft token of a round the draft must read ``catch_up`` committed tokens it has not seen
+    (the prompt, the first time; the tokens of plain rounds since): a one-time ``C = catch_up · c_pre``. Drafting
+    from now on saves per emitted token ``s = c_t(1) - T_1 / E_1`` (one-token rounds: ``E_1 = 1 + S_1``,
+    ``T_1 = c_d + c_p + c_t(2)``; longer drafts save more, so this is conservative), over the ``remaining`` tokens
+    the generation may still emit. It pays when ``remaining · s > C``; with ``remaining`` unknown (0) the catch-up
+    is not counted."""
+    if remaining <= 0 or costs.draft_prefill <= 0:
+        return True
+    T1 = costs.draft + costs.policy_per_check + costs.target_cost(2)
+    saving = costs.target_cost(1) - T1 / (1.0 + S_1)
+    return remaining * saving > catch_up * costs.draft_prefill
 
 
 class SurvivalCalibrator:
@@ -262,6 +282,9 @@ class CostAwarePolicy(DraftPolicy):
         else:  # the last token's conditional acceptance, carried one step on
             S_next = S_n * min(1.0, S_n / S_prev if S_prev > 0 else 0.0)
         go = gain_pays(self.S, S_next, self.costs, self.spent, state.next_is_free)
+        if go and n == 0 and state.catch_up and not catch_up_pays(S_next, self.costs, state.catch_up,
+                                                                   state.remaining):
+            go = False
         if go:
             self.spent += (0.0 if state.next_is_free else self.costs.draft) + self.costs.policy_per_check
         self.counted = n + go

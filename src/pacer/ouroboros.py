@@ -282,12 +282,12 @@ class PhraseDrafter(TokenDrafter):
         self._last = None
         self._seen = 0
 
-    def propose(self, tokens, policy, budget, sampling, gen) -> Draft:
+    def propose(self, tokens, policy, budget, sampling, gen, remaining: int = 0) -> Draft:
         self._sync(tokens)
         if not sampling.greedy or not self.phrases:
-            draft = super().propose(tokens, policy, budget, sampling, gen)
+            draft = super().propose(tokens, policy, budget, sampling, gen, remaining)
         else:
-            draft = self._propose_phrases(tokens, policy, budget)
+            draft = self._propose_phrases(tokens, policy, budget, remaining)
         self.counts["rounds"] += 1
         self.counts["draft_tokens"] += len(draft.tokens)
         self.counts["draft_forwards"] += draft.forwards
@@ -296,8 +296,8 @@ class PhraseDrafter(TokenDrafter):
         self._last = draft
         return draft
 
-    def _propose_phrases(self, tokens, policy, budget) -> Draft:
-        p = Proposal(policy, budget)
+    def _propose_phrases(self, tokens, policy, budget, remaining: int = 0) -> Draft:
+        p = Proposal(policy, budget, len(tokens) - self.backend.length - 1, remaining)
         self._leftover = []
         while p.ask():
             ctx = tokens + p.state.tokens

@@ -39,6 +39,12 @@ class DraftState:
     #: the token the policy is asked about next is already computed (an Ouroboros draft forward over a phrase
     #: gives several tokens): drafting it costs no draft forward, only its place in the verification
     next_is_free: bool = False
+    #: committed tokens the draft model has not read yet beyond the one every round feeds it (the prompt, before the
+    #: first draft of a generation; the tokens of plain-decoding rounds since): the first draft token of this round
+    #: costs their prefill too
+    catch_up: int = 0
+    #: tokens the generation may still emit (0: not known)
+    remaining: int = 0
 
     @property
     def n(self) -> int:

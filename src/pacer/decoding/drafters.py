@@ -25,8 +25,9 @@ class Drafter:
         """Called at the start of each generation."""
 
     def propose(self, tokens: list[int], policy: DraftPolicy, budget: int, sampling: SamplingConfig,
-                gen: torch.Generator) -> Draft:
-        """Draft at most ``budget`` tokens after the committed ``tokens``, asking ``policy`` after each."""
+                gen: torch.Generator, remaining: int = 0) -> Draft:
+        """Draft at most ``budget`` tokens after the committed ``tokens``, asking ``policy`` after each;
+        ``remaining``: tokens the generation may still emit (``DraftState.remaining``)."""
         raise NotImplementedError
 
     def rollback(self, keep: int) -> None:
@@ -72,10 +73,10 @@ class Proposal:
     counted apart from drafting); :meth:`add` - record a drafted token with its features; :meth:`draft` - the
     finished :class:`Draft`."""
 
-    def __init__(self, policy: DraftPolicy, budget: int) -> None:
+    def __init__(self, policy: DraftPolicy, budget: int, catch_up: int = 0, remaining: int = 0) -> None:
         self.policy, self.budget = policy, budget
         self.layers = policy.hidden_layers
-        self.state = DraftState()
+        self.state = DraftState(catch_up=max(0, catch_up), remaining=remaining)
         self.policy_time = 0.0
         self.forwards = 0
         self.qs: list[torch.Tensor] = []
@@ -137,9 +138,9 @@ class TokenDrafter(Drafter):
             return torch.cat([logits, pad], -1)
         return logits
 
-    def propose(self, tokens, policy, budget, sampling, gen) -> Draft:
-        p = Proposal(policy, budget)
+    def propose(self, tokens, policy, budget, sampling, gen, remaining: int = 0) -> Draft:
         pending = tokens[self.backend.length :]
+        p = Proposal(policy, budget, len(pending) - 1, remaining)
         while p.ask():
             logits, hidden = self.backend.forward(pending, hidden=p.layers is not None, keep=1)
             p.forwards += 1

@@ -74,7 +74,7 @@ def speculative_generate(
         #    context allow
         budget = min(policy.max_draft, out.remaining - 1, target.context - len(tokens) - 1)
         t0 = time.perf_counter()
-        draft = drafter.propose(tokens, policy, max(budget, 0), sampling, gen)
+        draft = drafter.propose(tokens, policy, max(budget, 0), sampling, gen, remaining=out.remaining)
         t1 = time.perf_counter()
         γ = len(draft.tokens)
         # 2. verify: one target forward over the unseen tokens and d_1..d_γ (greedy: plus candidate branches

@@ -41,9 +41,9 @@ class LookupDrafter(Drafter):
         self._seen = 0
         self._last: Draft | None = None
 
-    def propose(self, tokens, policy, budget, sampling, gen) -> Draft:
+    def propose(self, tokens, policy, budget, sampling, gen, remaining: int = 0) -> Draft:
         self._seen = learn_committed(self.pool, tokens, self._seen, self.pool.add_sequence)
-        p = Proposal(policy, budget)
+        p = Proposal(policy, budget, remaining=remaining)  # no draft model: nothing to catch up
         ctx = list(tokens)
         while p.n < budget:
             found = self.pool.lookup(ctx, 1)
