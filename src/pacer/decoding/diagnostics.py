@@ -23,7 +23,7 @@ class Divergence:
     ``noise``: the largest difference between a token's logits scored inside a block and scored alone that the
     backend showed on the last positions of the common prefix (:meth:`ModelBackend.block_noise`; 0 where a row is
     computed the same way whatever the block, up to the dtype's rounding: transformers. llama.cpp's quantized
-    kernels take another path for blocks of 4 tokens or more, and its logits move by up to ~0.5 there).
+    kernels take another path for blocks of 4 tokens or more, and its logits move by up to ~0.7 there).
     """
 
     index: int
