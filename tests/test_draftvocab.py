@@ -166,10 +166,10 @@ def test_auto_reduces_only_large_vocabularies_and_falls_back(close, capsys, monk
     import pacer.draftvocab as dv
 
     assert dv.auto_size(close) == 0 and close.draft_rows("auto") is None  # 259 tokens: nothing to gain
-    head = SimpleNamespace(weight=torch.empty(151936, 0))
-    big = SimpleNamespace(draft_info=SimpleNamespace(model=SimpleNamespace(get_output_embeddings=lambda: head)),
-                          tokenizer=object())
+    big = SimpleNamespace(draft_info=SimpleNamespace(vocab_size=151936, reduced_head=True), tokenizer=object())
     assert dv.auto_size(big) == dv.AUTO_SIZE
+    big.draft_info.reduced_head = False  # llama.cpp computes the whole head: nothing to reduce
+    assert dv.auto_size(big) == 0
     # auto with a corpus that cannot be read: the full vocabulary, and a note says why
     monkeypatch.setattr(dv, "auto_size", lambda dec: 64)
 
