@@ -77,7 +77,7 @@ def test_int8_target_is_another_model_but_speculation_on_it_is_exact():
     assert not torch.equal(before, after)  # another target: its plain decoding is the baseline
     ar = dec.generate(PROMPTS[0], "ar", max_new_tokens=40)
     assert dec.target_info.model.config.pacer_quantization == "int8"
-    assert cal_mod.weights_kind(dec.target_info) == "int8+float32"
+    assert dec.target_info.weights == "int8+float32"
     for method in ("sd", "entropy"):
         assert dec.generate(PROMPTS[0], method, max_new_tokens=40).token_ids == ar.token_ids
 

@@ -133,12 +133,6 @@ class Calibration:
                 "notes": self.notes, "curve": self.costs.curve(), "verdict": self.verdict()}
 
 
-def weights_kind(loaded) -> str:
-    """What the weights are (:attr:`pacer.models.LoadedModel.weights`): ``bfloat16``, ``int8+bfloat16``,
-    ``gguf:Q4_K_M``, ..."""
-    return loaded.weights
-
-
 def backend_version(loaded) -> str:
     """The runtime that computes the forwards: PyTorch's version, or llama-cpp-python's."""
     if loaded.backend == "llamacpp":
@@ -153,8 +147,8 @@ def calibration_key(decoder, rows: torch.Tensor | None) -> dict:
     t, d = decoder.target_info, decoder.draft_info
     key = {
         "format": FORMAT,
-        "target": t.fingerprint, "target_dtype": weights_kind(t),
-        "draft": d.fingerprint if d else None, "draft_dtype": weights_kind(d) if d else None,
+        "target": t.fingerprint, "target_dtype": t.weights,
+        "draft": d.fingerprint if d else None, "draft_dtype": d.weights if d else None,
         "draft_rows": "full" if rows is None else int(len(rows)),
         "backend": t.backend, "runtime": backend_version(t),
         "threads": torch.get_num_threads(),
@@ -168,7 +162,7 @@ def calibration_key(decoder, rows: torch.Tensor | None) -> dict:
 
 
 def _machine_key(loaded, what: str) -> dict:
-    return {"format": FORMAT, "what": what, "model": loaded.fingerprint, "dtype": weights_kind(loaded),
+    return {"format": FORMAT, "what": what, "model": loaded.fingerprint, "dtype": loaded.weights,
             "threads": torch.get_num_threads(), "cpu": cpu_identity(), "torch": torch.__version__}
 
 

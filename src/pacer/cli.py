@@ -105,7 +105,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if ignored:
         raise PacerError(f"pacer demo decodes greedily on its own prompts and takes no {', '.join(ignored)}; "
                          f"use pacer generate for that")
-    from .calibration import describe_cpu, weights_kind
+    from .calibration import describe_cpu
 
     dec = load_decoder(args)
     runs = args.dtype if args.backend == "transformers" else f"{args.backend} backend"
@@ -116,9 +116,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     why = backend_reason(args.backend) if asked == "auto" else f"--backend {asked}"
     print(f"backend: {args.backend} ({why})")
-    print(f"weights: target {weights_kind(dec.target_info)}, draft {weights_kind(dec.draft_info)}"
+    print(f"weights: target {dec.target_info.weights}, draft {dec.draft_info.weights}"
           + (" (int8 weight-only: measured faster here; lossless, the draft only proposes)"
-             if weights_kind(dec.draft_info).startswith("int8") and args.quantize == "none" else ""))
+             if dec.draft_info.weights.startswith("int8") and args.quantize == "none" else ""))
     dec.generate("Hello", "ar", max_new_tokens=2)  # warm-up
     cal = dec.calibration(dec.draft_rows(dec.draft_vocab))
     print(f"measured costs ({cal.source}): {cal.costs.curve()}")

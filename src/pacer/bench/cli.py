@@ -299,7 +299,7 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
     import torch
     import transformers
 
-    from ..calibration import cpu_identity, describe_cpu, weights_kind
+    from ..calibration import cpu_identity, describe_cpu
     from ..io import atomic_write_text
     from .runner import Bench, warm_up
 
@@ -313,8 +313,8 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
         "target_fingerprint": dec.target_info.fingerprint,
         "draft_fingerprint": dec.draft_info.fingerprint if dec.draft_info else None,
         "max_new_tokens": args.max_new_tokens, "quick": bool(args.quick), "draft_vocab": args.draft_vocab,
-        "target_weights": weights_kind(dec.target_info),
-        "draft_weights": weights_kind(dec.draft_info) if dec.draft_info else None,
+        "target_weights": dec.target_info.weights,
+        "draft_weights": dec.draft_info.weights if dec.draft_info else None,
         "backend": dec.backend,
     }
     if args.resume and previous:

@@ -64,15 +64,6 @@ def lib():
     return llama_cpp
 
 
-def available() -> bool:
-    """Whether llama-cpp-python can be imported (tests skip the llama.cpp ones without it)."""
-    try:
-        lib()
-        return True
-    except PacerError:
-        return False
-
-
 def _last_error() -> str:
     log = [ln for ln in _state.get("log") or [] if not ln.endswith("failed to load model")]
     return log[-1] if log else "no message from llama.cpp"
