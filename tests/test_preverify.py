@@ -61,6 +61,41 @@ def test_training_on_separable_features_reaches_high_auc(tmp_path):
     assert head["validation"]["auc"] >= 0.9, head["validation"]
 
 
+def test_layer_must_beat_its_own_scalar_inputs_where_only_hidden_states_know(tmp_path):
+    """Validation test of training (issue 15): where acceptance is written in the hidden states and the scalar
+    features (the rules' inputs) are noise, the layer's survival AUC and predicted speedup must beat the
+    features-only model and the rules by a clear margin - a layer that ignored its hidden inputs fails this."""
+    data = synthetic_collection(tmp_path / "data", rounds=600)
+    v = train(data, None, "pacer", block=1, epochs=15, seed=0, d=32, log=None, check_seconds=1e-4)["validation"]
+    auc = v["survival_auc"]
+    # (the position alone ranks survival through later tokens lower: the noise features still get ~0.8)
+    assert auc["layer-per-token"] >= 0.95, auc
+    assert all(auc["layer-per-token"] - auc[k] >= 0.1 for k in ("features-only", "entropy", "confidence")), auc
+    # a bad token shows only once drafted (each is good with probability ~0.6, independently), so even a perfect
+    # scorer gains ~6% over the rules here; a layer blind to its hidden inputs gains nothing
+    for profile in ("flat", "gpu"):
+        c = v["compare"][profile]
+        assert min(c["vs_features-only"], c["vs_entropy"], c["vs_confidence"]) > 1.03, c
+        assert c["layer"]["predicted_speedup"] <= c["oracle"]["predicted_speedup"] + 1e-9
+    assert set(v["compare"]) == {"measured", "flat", "linear", "gpu"} and 0 <= v["ece"] <= 1
+
+
+def test_sampled_rounds_train_on_soft_survival():
+    """A sampled round's survival target is the running product of min(1, p/q); a greedy round's is its hard label,
+    and its per-token target is defined only where the prefix was accepted."""
+    from pacer.preverify.train import to_rounds
+
+    data = {"hidden": torch.zeros(6, 2), "scalars": torch.zeros(6, 1), "position": torch.tensor([1, 2, 3] * 2),
+            "round": torch.tensor([0, 0, 0, 1, 1, 1]), "prompt": torch.tensor([0, 0, 0, 1, 1, 1]),
+            "accepted": torch.tensor([1, 0, 0, 1, 1, 0]), "cond_valid": torch.tensor([1, 1, 0, 1, 1, 1]),
+            "soft": torch.tensor([0.9, 0.5, 0.4, 1.0, 0.8, 0.5]), "temperature": torch.tensor([0.0] * 3 + [0.7] * 3),
+            "category": torch.tensor([0] * 6)}
+    r = to_rounds(data, 3)
+    assert r.survival().tolist() == [[1.0, 0.0, 0.0], pytest.approx([1.0, 0.8, 0.4])]
+    y, mask = r.token_targets()
+    assert y[1].tolist() == pytest.approx([1.0, 0.8, 0.5]) and mask.tolist() == [[True, True, False], [True] * 3]
+
+
 def test_training_is_reproducible(tmp_path):
     data = synthetic_collection(tmp_path / "data", rounds=100)
     # the policy check's cost is a timing (it moves the cost-optimal threshold run to run): pin it
@@ -84,25 +119,40 @@ def test_auc_and_cost_model_arithmetic():
 
 
 def test_collect_then_train_then_load_on_tiny_models(tmp_path, close, monkeypatch):
-    import pacer.preverify.collect as col
+    import pacer.data.mix as mix
 
-    # a prompt longer than the tiny model's 512-token context is skipped and counted, not fatal
-    prompts = [p for i in range(12) for p in (f"question {i}: say something", f"far too long {i} " * 100)]
-    monkeypatch.setattr(col, "sharegpt_prompts", lambda limit=4000: list(prompts))
+    # a prompt longer than the tiny model's 512-token context is refused and counted, not fatal (the mix's own
+    # choices and its benchmark guard are tested in test_mix.py)
+    pools = {c: [mix.TrainingPrompt(f"far too long {c} " * 100, c, "test")] +
+             [mix.TrainingPrompt(f"question {c} {i}: say something", c, "test") for i in range(3)]
+             for c in mix.CATEGORIES}
+    monkeypatch.setattr(mix, "candidate_pools", lambda: pools)
+    monkeypatch.setattr(mix, "benchmark_texts", lambda: ["a benchmark question"])
     spec = FeatureSpec((-2, -1), 64, 6)
-    m = collect(close, tmp_path / "data", n_prompts=4, max_new_tokens=12, spec=spec, shard_size=2, progress=False)
-    assert m["prompts_done"] == 4 and len(m["shards"]) == 2 and m["tokens"] > 0 and m["prompts_skipped"] >= 1
+    m = collect(close, tmp_path / "data", n_prompts=4, max_new_tokens=12, spec=spec, shard_size=2, progress=False,
+                temperatures=(0.0, 1.0))
+    assert m["prompts_done"] == 4 and len(m["shards"]) == 2 and m["tokens"] > 0 and m["temperatures"] == [0.0, 1.0]
+    assert m["mix"]["taken"] == dict.fromkeys(mix.CATEGORIES, 1) and m["mix"]["benchmark_overlap_dropped"] == 0
     # resumable: asking for more prompts continues where it stopped, same settings
-    m2 = collect(close, tmp_path / "data", n_prompts=6, max_new_tokens=12, spec=spec, shard_size=2, progress=False)
+    m2 = collect(close, tmp_path / "data", n_prompts=6, max_new_tokens=12, spec=spec, shard_size=2, progress=False,
+                 temperatures=(0.0, 1.0))
     assert m2["prompts_done"] == 6 and len(m2["shards"]) == 3
     with pytest.raises(PacerError, match="other settings"):
-        collect(close, tmp_path / "data", n_prompts=6, max_new_tokens=20, spec=spec, progress=False)
+        collect(close, tmp_path / "data", n_prompts=6, max_new_tokens=12, spec=spec, progress=False)
+    with pytest.raises(PacerError, match="other settings"):
+        collect(close, tmp_path / "data", n_prompts=6, max_new_tokens=20, spec=spec, progress=False,
+                temperatures=(0.0, 1.0))
     data, manifest = load_dataset(tmp_path / "data")
     assert data["hidden"].shape[1] == 128 and set(data["accepted"].unique().tolist()) <= {0, 1}
     assert len(data["round"].unique()) == m2["rounds"]
+    # prompt i was decoded at temperatures[i % 2]; categories follow the round-robin mix
+    for pid in data["prompt"].unique().tolist():
+        rows = data["prompt"] == pid
+        assert data["temperature"][rows].unique().tolist() == [(0.0, 1.0)[pid % 2]]
+    assert set(data["category"].unique().tolist()) == {0, 1, 2, 3}
     # two collections (e.g. made in parallel with different skips) load as one, ids kept unique
     m3 = collect(close, tmp_path / "data_b", n_prompts=2, max_new_tokens=12, spec=spec, shard_size=2, skip=6,
-                 progress=False)
+                 progress=False, temperatures=(0.0, 1.0))
     both, mb = load_dataset(f"{tmp_path / 'data'},{tmp_path / 'data_b'}")
     assert len(both["round"].unique()) == m2["rounds"] + m3["rounds"] and mb["prompts_done"] == 8
     assert len(both["prompt"].unique()) == 8

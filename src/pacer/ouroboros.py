@@ -297,7 +297,7 @@ class PhraseDrafter(TokenDrafter):
         return draft
 
     def _propose_phrases(self, tokens, policy, budget, remaining: int = 0) -> Draft:
-        p = Proposal(policy, budget, len(tokens) - self.backend.length - 1, remaining)
+        p = Proposal(policy, budget, len(tokens) - self.backend.length - 1, remaining)  # greedy only
         self._leftover = []
         while p.ask():
             ctx = tokens + p.state.tokens

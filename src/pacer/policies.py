@@ -8,7 +8,7 @@ only answers the question in between. Every method of the project uses the same 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
@@ -19,13 +19,15 @@ from .errors import PacerError
 class DraftState:
     """What the draft model computed for the tokens drafted so far in this round (all lists have length ``n``).
 
-    ``prob`` is ``q(d_i)``, the draft's probability of its own token; ``top_prob`` is ``max q``; ``entropy`` is the
-    entropy of ``q`` in nats; ``hidden`` holds, per token, the draft's hidden state(s) at the position that predicted
-    it (the layers the policy asked for, concatenated), only when ``policy.hidden_layers`` is set; ``phrase`` marks
-    tokens that came from a phrase (Ouroboros); ``next_is_free`` says that the token asked about next needs no draft
-    forward of its own; ``confidence`` is the drafter's own estimate that ``d_i`` is right, where it has one that
-    is not ``q`` (prompt lookup: from the length of the matched n-gram), and ``next_confidence`` the same for the
-    token asked about next (``None``: the drafter does not know it before drafting it).
+    ``prob`` is ``q(d_i)``, the draft's probability of its own token; ``top_prob`` is ``max q`` and ``second_prob`` the
+    second-largest probability of ``q`` (the top-2 margin ``top_prob - second_prob`` says how contested the draft's
+    choice was); ``entropy`` is the entropy of ``q`` in nats; ``hidden`` holds, per token, the draft's hidden state(s)
+    at the position that predicted it (the layers the policy asked for, concatenated), only when
+    ``policy.hidden_layers`` is set; ``phrase`` marks tokens that came from a phrase (Ouroboros); ``next_is_free`` says
+    that the token asked about next needs no draft forward of its own; ``confidence`` is the drafter's own estimate that
+    ``d_i`` is right, where it has one that is not ``q`` (prompt lookup: from the length of the matched n-gram), and
+    ``next_confidence`` the same for the token asked about next (``None``: the drafter does not know it before drafting
+    it).
     """
 
     tokens: list[int] = field(default_factory=list)
@@ -45,10 +47,19 @@ class DraftState:
     catch_up: int = 0
     #: tokens the generation may still emit (0: not known)
     remaining: int = 0
+    #: the second-largest probability of the draft's ``q`` per token (empty where a drafter has no ``q``)
+    second_prob: list[float] = field(default_factory=list)
+    #: the sampling temperature of this generation (0: greedy)
+    temperature: float = 0.0
 
     @property
     def n(self) -> int:
         return len(self.tokens)
+
+    def prefix(self, n: int) -> DraftState:
+        """The state of the first ``n`` drafted tokens (per-token lists cut, the rest kept)."""
+        cut = {f.name: getattr(self, f.name)[:n] for f in fields(self) if isinstance(getattr(self, f.name), list)}
+        return replace(self, **cut)
 
 
 @dataclass

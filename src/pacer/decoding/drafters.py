@@ -59,10 +59,12 @@ def token_features(q: torch.Tensor, x: int, state: DraftState) -> None:
     """Append the cheap per-token features of draft token ``x`` drawn from ``q`` to ``state`` (computed where ``q``
     is and read back in one transfer)."""
     logq = torch.log(q.clamp_min(1e-30))
-    prob, top, entropy = torch.stack([q[x], q.max(), -(q * logq).sum()]).tolist()
+    top2 = torch.topk(q, 2).values if q.shape[-1] > 1 else torch.cat([q.max().reshape(1), q.new_zeros(1)])
+    prob, top, second, entropy = torch.stack([q[x], top2[0], top2[1], -(q * logq).sum()]).tolist()
     state.tokens.append(x)
     state.prob.append(prob)
     state.top_prob.append(top)
+    state.second_prob.append(second)
     state.entropy.append(entropy)
 
 
@@ -73,10 +75,11 @@ class Proposal:
     counted apart from drafting); :meth:`add` - record a drafted token with its features; :meth:`draft` - the
     finished :class:`Draft`."""
 
-    def __init__(self, policy: DraftPolicy, budget: int, catch_up: int = 0, remaining: int = 0) -> None:
+    def __init__(self, policy: DraftPolicy, budget: int, catch_up: int = 0, remaining: int = 0,
+                 temperature: float = 0.0) -> None:
         self.policy, self.budget = policy, budget
         self.layers = policy.hidden_layers
-        self.state = DraftState(catch_up=max(0, catch_up), remaining=remaining)
+        self.state = DraftState(catch_up=max(0, catch_up), remaining=remaining, temperature=temperature)
         self.policy_time = 0.0
         self.forwards = 0
         self.qs: list[torch.Tensor] = []
@@ -140,7 +143,7 @@ class TokenDrafter(Drafter):
 
     def propose(self, tokens, policy, budget, sampling, gen, remaining: int = 0) -> Draft:
         pending = tokens[self.backend.length :]
-        p = Proposal(policy, budget, len(pending) - 1, remaining)
+        p = Proposal(policy, budget, len(pending) - 1, remaining, sampling.temperature)
         while p.ask():
             logits, hidden = self.backend.forward(pending, hidden=p.layers is not None, keep=1)
             p.forwards += 1

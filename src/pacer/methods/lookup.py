@@ -43,7 +43,8 @@ class LookupDrafter(Drafter):
 
     def propose(self, tokens, policy, budget, sampling, gen, remaining: int = 0) -> Draft:
         self._seen = learn_committed(self.pool, tokens, self._seen, self.pool.add_sequence)
-        p = Proposal(policy, budget, remaining=remaining)  # no draft model: nothing to catch up
+        # no draft model: nothing to catch up
+        p = Proposal(policy, budget, remaining=remaining, temperature=sampling.temperature)
         ctx = list(tokens)
         while p.n < budget:
             found = self.pool.lookup(ctx, 1)

@@ -30,6 +30,16 @@ def read_costs(path: str):
                          f"{type(e).__name__}: {e}") from e
 
 
+def _temperatures(text: str) -> tuple[float, ...]:
+    try:
+        temps = tuple(float(x) for x in text.split(","))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"temperatures must be comma-separated numbers, got '{text}'") from e
+    if not temps or any(not 0.0 <= t <= 2.0 for t in temps):
+        raise argparse.ArgumentTypeError(f"temperatures must lie in 0..2 (0 = greedy), got '{text}'")
+    return temps
+
+
 def cmd_collect(args) -> int:
     from ..args import load_decoder
     from .collect import collect
@@ -48,7 +58,7 @@ def cmd_collect(args) -> int:
         raise PacerError(f"the {info.backend} backend gives the draft's hidden layer(s) {list(offered)} only; "
                          f"pass --layers {','.join(map(str, offered))}")
     manifest = collect(dec, Path(args.out), args.n, args.max_new_tokens, spec, args.seed, args.shard_size,
-                       args.skip)
+                       args.skip, temperatures=args.temperatures)
     if "costs" not in manifest:
         from ..io import atomic_write_text
 
@@ -97,7 +107,7 @@ def cmd_tune(args) -> int:
 
 
 def register(sub) -> None:
-    c = sub.add_parser("collect", help="record draft features + target verdicts on held-out ShareGPT prompts")
+    c = sub.add_parser("collect", help="record draft features + target verdicts on a held-out code/math/chat mix")
     c.add_argument("--out", required=True, help="output folder (resumable)")
     c.add_argument("--n", type=int, default=300, help="number of prompts")
     c.add_argument("--max-new-tokens", type=int, default=48)
@@ -107,7 +117,9 @@ def register(sub) -> None:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--shard-size", type=int, default=4, help="prompts per shard")
     c.add_argument("--skip", type=int, default=0,
-                   help="skip this many shuffled ShareGPT conversations first (parallel collections into other --out)")
+                   help="skip this many prompts of the mix first (parallel collections into other --out)")
+    c.add_argument("--temperatures", type=_temperatures, default=(0.0, 0.7, 1.0),
+                   help="comma-separated, cycled over the prompts; 0 = greedy (default: 0,0.7,1.0)")
     add_model_args(c)
     c.set_defaults(func=cmd_collect)
 

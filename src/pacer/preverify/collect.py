@@ -1,18 +1,21 @@
 """``pacer collect``: record draft features and target verdicts for training the pre-verification layer.
 
-The pair decodes held-out prompts (ShareGPT first turns, never the evaluation sets) with the ordinary loop and a
-fixed, long draft (``max_draft`` tokens a round), so that rejections are seen; a recording policy stores, for every
-draft token, the features of :mod:`pacer.preverify.features` and its labels. Nothing is re-run for features.
+The pair decodes held-out prompts (a code / math / chat mix checked against every benchmark question,
+:mod:`pacer.data.mix`) with the ordinary loop and a fixed, long draft (``max_draft`` tokens a round), so that
+rejections are seen; a recording policy stores, for every draft token, the features of
+:mod:`pacer.preverify.features` and its labels. Nothing is re-run for features. Prompt ``i`` is decoded at
+temperature ``temperatures[i % len(temperatures)]`` (0: greedy) with sampling seed ``seed * 1_000_003 + i``, so the
+labels cover greedy and sampling mode; every token row records its temperature and prompt category.
 
 Output folder: ``shard-00000.safetensors, ...`` (one per ``shard_size`` prompts) and ``manifest.json`` naming the
-model fingerprints, the feature spec, the seed, the prompts done and the shards. Each shard and the manifest are
-written atomically after a shard completes, so an interrupted run resumes at the next unfinished shard.
+model fingerprints, the feature spec, the seed, the temperatures, the prompt mix's report (candidates, benchmark
+overlaps dropped), the prompts done and the shards. Each shard and the manifest are written atomically after a shard
+completes, so an interrupted run resumes at the next unfinished shard.
 """
 
 from __future__ import annotations
 
 import json
-import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,10 +23,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save
 
-from ..data.sharegpt import sharegpt_prompts
+from ..data.mix import CATEGORIES, TrainingPrompt, training_mix
 from ..errors import PacerError
 from ..io import atomic_write_bytes, atomic_write_text
 from ..policies import DraftState, FixedPolicy, RoundResult
+from ..sampling import SamplingConfig
 from .features import FeatureSpec, RoundHistory, scalar_features
 
 
@@ -35,6 +39,8 @@ class Recorder(FixedPolicy):
     rows: dict[str, list] = field(default_factory=dict)
     prompt_id: int = 0
     round_id: int = 0
+    temperature: float = 0.0
+    category: int = 0
 
     def __post_init__(self) -> None:
         super().__init__(gamma=self.spec.max_draft, min_draft=self.spec.max_draft, max_draft=self.spec.max_draft)
@@ -42,7 +48,7 @@ class Recorder(FixedPolicy):
         self.needs_soft = True
         self.hist = RoundHistory()
         self.rows = {k: [] for k in ("hidden", "scalars", "accepted", "cond_valid", "soft", "position", "round",
-                                     "prompt")}
+                                     "prompt", "temperature", "category")}
 
     def reset(self) -> None:
         self.hist.reset()
@@ -60,6 +66,8 @@ class Recorder(FixedPolicy):
         self.rows["position"].append(idx.to(torch.int16))
         self.rows["round"].append(torch.full((n,), self.round_id, dtype=torch.int32))
         self.rows["prompt"].append(torch.full((n,), self.prompt_id, dtype=torch.int32))
+        self.rows["temperature"].append(torch.full((n,), self.temperature, dtype=torch.float32))
+        self.rows["category"].append(torch.full((n,), self.category, dtype=torch.int8))
         self.round_id += 1
         self.hist.update(result.drafted, result.accepted)
 
@@ -70,7 +78,8 @@ class Recorder(FixedPolicy):
 
 
 def collect(decoder, out_dir: Path, n_prompts: int, max_new_tokens: int = 48, spec: FeatureSpec | None = None,
-            seed: int = 0, shard_size: int = 4, skip: int = 0, progress: bool = True) -> dict:
+            seed: int = 0, shard_size: int = 4, skip: int = 0, progress: bool = True,
+            temperatures: tuple[float, ...] = (0.0,)) -> dict:
     """Run the recording loop over ``n_prompts`` held-out prompts; resumable (see the module docstring)."""
     from tqdm import tqdm
 
@@ -80,7 +89,7 @@ def collect(decoder, out_dir: Path, n_prompts: int, max_new_tokens: int = 48, sp
     manifest_path = out_dir / "manifest.json"
     ident = {"target": decoder.target_info.fingerprint, "draft": decoder.draft_info.fingerprint,
              "feature_spec": spec.to_dict(), "seed": seed, "max_new_tokens": max_new_tokens,
-             "source": "sharegpt first turns, chat template", "skip": skip,
+             "source": "mix/1 (pacer.data.mix)", "skip": skip, "temperatures": list(temperatures),
              "backend": decoder.backend}
     if manifest_path.exists():
         manifest = read_manifest(manifest_path)
@@ -91,8 +100,9 @@ def collect(decoder, out_dir: Path, n_prompts: int, max_new_tokens: int = 48, sp
     rows = decoder.draft_rows(decoder.draft_vocab)  # the draft's vocabulary changes its features: say which
     manifest.setdefault("draft_vocab", 0 if rows is None else len(rows))
     room = decoder.target.context - max_new_tokens - spec.max_draft - 2  # the prompt plus a full answer must fit
-    prompts, skipped = load_prompts(decoder, n_prompts, seed, skip, min(384, room))
-    manifest["prompts_skipped"] = skipped
+    prompts, report = load_prompts(decoder, n_prompts + skip, seed, min(384, room))
+    prompts = prompts[skip:]
+    manifest["mix"] = report
     rec = Recorder(spec=spec)
     rec.round_id = manifest["rounds"]  # round ids stay unique across resumed runs
     done = manifest["prompts_done"]
@@ -101,8 +111,12 @@ def collect(decoder, out_dir: Path, n_prompts: int, max_new_tokens: int = 48, sp
         t0 = time.perf_counter()
         batch = range(done, min(done + shard_size, len(prompts)))
         for pid in batch:
+            ids, category = prompts[pid]
             rec.prompt_id = pid
-            decoder.generate(prompts[pid], "sd", max_new_tokens, chat=True, policy=rec)
+            rec.temperature = temperatures[pid % len(temperatures)]
+            rec.category = CATEGORIES.index(category)
+            sampling = SamplingConfig(temperature=rec.temperature, seed=seed * 1_000_003 + pid)
+            decoder.generate(ids, "sd", max_new_tokens, sampling=sampling, policy=rec)
             bar.update(1)
         data = rec.take()
         name = f"shard-{len(manifest['shards']):05d}.safetensors"
@@ -130,25 +144,21 @@ def read_manifest(path: Path) -> dict:
     return manifest
 
 
-def load_prompts(decoder, n: int, seed: int, skip: int = 0,
-                 max_prompt_tokens: int = 384) -> tuple[list[list[int]], int]:
-    """A seeded choice of ShareGPT first turns that fit (``8..max_prompt_tokens`` tokens), as chat-templated
-    token ids, and how many were skipped for not fitting."""
-    texts = sharegpt_prompts()
-    random.Random(seed).shuffle(texts)
-    out, skipped = [], 0
-    for t in texts[skip:]:
+def load_prompts(decoder, n: int, seed: int, max_prompt_tokens: int = 384) -> tuple[list[tuple[list[int], str]], dict]:
+    """``n`` prompts of the training mix (:func:`pacer.data.mix.training_mix`) that fit (``8..max_prompt_tokens``
+    tokens), as token ids (chat-templated unless raw code) with their category, and the mix's report."""
+    encoded: dict[str, list[int]] = {}
+
+    def fits(p: TrainingPrompt) -> bool:
         try:
-            ids = decoder.encode(t, chat=True)
+            ids = decoder.encode(p.text, chat=p.chat)
         except PacerError:  # longer than the model's context (or empty): not a prompt this pair can take
-            ids = []
-        if 8 <= len(ids) <= max_prompt_tokens:
-            out.append(ids)
-        else:
-            skipped += 1
-        if len(out) >= n:
-            break
-    return out, skipped
+            return False
+        encoded[p.text] = ids
+        return 8 <= len(ids) <= max_prompt_tokens
+
+    prompts, report = training_mix(n, seed, accept=fits)
+    return [(encoded[p.text], p.category) for p in prompts], report
 
 
 def load_dataset(folder: Path | str) -> tuple[dict[str, torch.Tensor], dict]:

@@ -5,9 +5,11 @@ Per draft token ``d_i`` (``i`` = 1-based position in the round's draft) the draf
 * ``hidden`` - the draft's hidden states at the position that predicted ``d_i``, for the layers in
   ``FeatureSpec.hidden_layers`` (indices into transformers' ``hidden_states`` tuple; ``-1`` is the final, normed
   state), concatenated: ``[len(layers) * H]``.
-* ``scalars`` (``FeatureSpec.scalar_names``): ``q(d_i)``, ``max q``, entropy of ``q`` (nats), ``log q(d_i)``,
-  ``i / max_draft`` and, from this generation's earlier rounds, the previous round's acceptance ratio ``n/γ`` and an
-  exponential moving average of it (1.0 before the first round).
+* ``scalars`` (``FeatureSpec.scalar_names``, each defined in ``SCALARS``): ``q(d_i)``, ``max q``, entropy of ``q``
+  (nats), ``log q(d_i)``, ``i / max_draft``, from this generation's earlier rounds the previous round's acceptance
+  ratio ``n/γ`` and an exponential moving average of it (1.0 before the first round), the top-2 margin of ``q``
+  (``max q`` minus the second-largest probability) and the sampling temperature (0: greedy). A checkpoint names the
+  scalars it was trained on, so older checkpoints (the first seven) keep working.
 
 Labels, from the target's verification of the same round:
 
@@ -21,13 +23,26 @@ Labels, from the target's verification of the same round:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
 
 from ..policies import DraftState
 
-SCALAR_NAMES = ("prob", "top_prob", "entropy", "log_prob", "position", "prev_ratio", "ema_ratio")
+#: name -> (state, token index, spec, history) -> value
+SCALARS: dict[str, Callable[[DraftState, int, FeatureSpec, RoundHistory], float]] = {
+    "prob": lambda s, i, spec, h: s.prob[i],
+    "top_prob": lambda s, i, spec, h: s.top_prob[i],
+    "entropy": lambda s, i, spec, h: s.entropy[i],
+    "log_prob": lambda s, i, spec, h: math.log(max(s.prob[i], 1e-13)),
+    "position": lambda s, i, spec, h: (i + 1) / spec.max_draft,
+    "prev_ratio": lambda s, i, spec, h: h.prev,
+    "ema_ratio": lambda s, i, spec, h: h.ema,
+    "top2_margin": lambda s, i, spec, h: s.top_prob[i] - (s.second_prob[i] if i < len(s.second_prob) else 0.0),
+    "temperature": lambda s, i, spec, h: s.temperature,
+}
+SCALAR_NAMES = tuple(SCALARS)
 
 
 @dataclass(frozen=True)
@@ -85,9 +100,6 @@ class RoundHistory:
 
 def scalar_features(state: DraftState, spec: FeatureSpec, hist: RoundHistory, start: int = 0) -> torch.Tensor:
     """``[n - start, len(SCALAR_NAMES)]`` scalar features of tokens ``start..n-1`` of ``state``."""
-    rows = []
-    for i in range(start, state.n):
-        p = state.prob[i]
-        rows.append([p, state.top_prob[i], state.entropy[i], math.log(max(p, 1e-13)),
-                     (i + 1) / spec.max_draft, hist.prev, hist.ema])
-    return torch.tensor(rows, dtype=torch.float32, device="cpu").reshape(-1, len(SCALAR_NAMES))
+    fns = [SCALARS[name] for name in spec.scalar_names]
+    rows = [[f(state, i, spec, hist) for f in fns] for i in range(start, state.n)]
+    return torch.tensor(rows, dtype=torch.float32, device="cpu").reshape(-1, len(fns))

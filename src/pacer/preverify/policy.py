@@ -138,8 +138,7 @@ class PacerPolicy(_LearnedPolicy):
         if n == 0:
             return 1.0
         if self._score[0] != n or n != state.n:
-            sub = state if n == state.n else DraftState(state.tokens[:n], state.prob[:n], state.top_prob[:n],
-                                                        state.entropy[:n], state.hidden[:n], state.phrase[:n])
+            sub = state if n == state.n else state.prefix(n)
             h, s = self.inputs(sub)
             _, blk = self.model(h[None], s[None])
             self._score = (n, float(torch.sigmoid(blk[0, -1])))

@@ -1,10 +1,12 @@
 """``pacer train`` / ``pacer tune``: fit the pre-verification layer (or the SpecDec++ head) and choose its threshold.
 
-Data: the rounds recorded by ``pacer collect`` (every round drafted ``max_draft`` tokens). Split: by prompt, seeded
-(``val_frac`` of the prompts held out). Loss: class-weighted binary cross-entropy (each class weighs half of the
-total), for PACER on both the per-token conditional labels (token accepted given its prefix was, over ``cond_valid``)
-and the block labels (the block's last token's ``accepted``: the block and all before it accepted); for the
-SpecDec++ head on the conditional per-token label over the tokens whose prefix was accepted (``cond_valid``).
+Data: the rounds recorded by ``pacer collect`` (every round drafted ``max_draft`` tokens), greedy and sampled. Split:
+by prompt, seeded (``val_frac`` of the prompts held out). Targets: greedy rounds - the hard labels (token accepted
+given its prefix was, over ``cond_valid``; a block passes when it and every earlier one were accepted); sampled
+rounds - the soft labels: ``min(1, p/q)`` per token (defined at every position: ``p`` is scored on the draft's own
+prefix) and their running product as the block's survival (:mod:`validation`). Loss: class-weighted binary
+cross-entropy (each class weighs half of the total), for PACER on both the per-token and the block targets; for the
+SpecDec++ head on the per-token target.
 
 Threshold (and block size) are chosen to maximise the *throughput predicted by a cost model from measured costs*:
 on the validation rounds, a policy with threshold θ drafts ``L(θ)`` tokens in a round whose fixed-length draft had
@@ -31,6 +33,19 @@ from ..io import atomic_write_bytes, atomic_write_text
 from .collect import load_dataset
 from .features import FeatureSpec
 from .layer import PreVerifier, TokenHead, param_count
+from .validation import (
+    compare,
+    ece,
+    fit_features_only,
+    oracle_lengths,
+    predicted_speedup,
+    profiles,
+    roc_auc,
+    rule_survival,
+    survival_auc,
+    survival_cumsum,
+    survival_lengths,
+)
 
 
 # --------------------------------------------------------------------------------------------------------- data
@@ -38,7 +53,8 @@ from .layer import PreVerifier, TokenHead, param_count
 class Rounds:
     """Recorded rounds padded to ``M = max_draft``: hidden ``[R, M, D]``, scalars ``[R, M, S]``, labels ``[R, M]``,
     ``valid [R, M]`` (position exists), ``cond [R, M]`` (prefix accepted), ``n_star [R]`` (accepted count),
-    ``m [R]`` (drafted), ``prompt [R]``."""
+    ``m [R]`` (drafted), ``prompt [R]``, ``soft [R, M]`` (``min(1, p/q)``), ``temperature [R]`` (0: greedy),
+    ``category [R]`` (index into :data:`pacer.data.mix.CATEGORIES`, -1: not recorded)."""
 
     hidden: torch.Tensor
     scalars: torch.Tensor
@@ -48,12 +64,29 @@ class Rounds:
     n_star: torch.Tensor
     m: torch.Tensor
     prompt: torch.Tensor
+    soft: torch.Tensor
+    temperature: torch.Tensor
+    category: torch.Tensor
 
     def select(self, idx: torch.Tensor) -> Rounds:
         return Rounds(*(getattr(self, f)[idx] for f in self.__dataclass_fields__))
 
     def __len__(self) -> int:
         return int(self.n_star.shape[0])
+
+    @property
+    def sampled(self) -> torch.Tensor:
+        return self.temperature > 0
+
+    def survival(self) -> torch.Tensor:
+        """``[R, M]`` survival targets (hard for greedy rounds, running product of ``soft`` for sampled ones)."""
+        soft = torch.cumprod(torch.where(self.valid, self.soft, 0.0), 1)
+        return torch.where(self.sampled[:, None], soft, self.accepted)
+
+    def token_targets(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token conditional acceptance targets ``[R, M]`` and where they are defined."""
+        y = torch.where(self.sampled[:, None], self.soft, self.accepted)
+        return y, torch.where(self.sampled[:, None], self.valid, self.cond)
 
 
 def to_rounds(data: dict[str, torch.Tensor], max_draft: int) -> Rounds:
@@ -70,13 +103,21 @@ def to_rounds(data: dict[str, torch.Tensor], max_draft: int) -> Rounds:
     valid = torch.zeros(R, M, dtype=torch.bool)
     cond = torch.zeros(R, M, dtype=torch.bool)
     prompt = torch.zeros(R, dtype=torch.long)
+    soft = torch.zeros(R, M)
+    temperature = torch.zeros(R)
+    category = torch.full((R,), -1, dtype=torch.long)
+    soft[inv, pos] = data["soft"][keep].float()
+    if "temperature" in data:  # collections before the mix recorded greedy rounds only
+        temperature[inv] = data["temperature"][keep].float()
+        category[inv] = data["category"][keep].long()
     hidden[inv, pos] = data["hidden"][keep].float()
     scalars[inv, pos] = data["scalars"][keep].float()
     acc[inv, pos] = data["accepted"][keep].float()
     valid[inv, pos] = True
     cond[inv, pos] = data["cond_valid"][keep].bool()
     prompt[inv] = data["prompt"][keep].long()
-    return Rounds(hidden, scalars, acc, valid, cond, acc.sum(1).long(), valid.sum(1).long(), prompt)
+    return Rounds(hidden, scalars, acc, valid, cond, acc.sum(1).long(), valid.sum(1).long(), prompt, soft,
+                  temperature, category)
 
 
 def split(rounds: Rounds, val_frac: float, seed: int) -> tuple[Rounds, Rounds]:
@@ -90,24 +131,6 @@ def split(rounds: Rounds, val_frac: float, seed: int) -> tuple[Rounds, Rounds]:
 
 
 # ------------------------------------------------------------------------------------------------------ metrics
-def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """Area under the ROC curve (Mann-Whitney U with average ranks); NaN when one class is absent."""
-    pos, neg = labels == 1, labels == 0
-    if not pos.any() or not neg.any():
-        return float("nan")
-    order = scores.argsort(kind="mergesort")
-    ranks = np.empty(len(scores))
-    s = scores[order]
-    i = 0
-    while i < len(s):
-        j = i
-        while j + 1 < len(s) and s[j + 1] == s[i]:
-            j += 1
-        ranks[order[i : j + 1]] = (i + j) / 2 + 1
-        i = j + 1
-    return float((ranks[pos].sum() - pos.sum() * (pos.sum() + 1) / 2) / (pos.sum() * neg.sum()))
-
-
 def precision_recall(scores: np.ndarray, labels: np.ndarray, thr: float) -> tuple[float, float]:
     """Precision/recall of the *fail* class (score < thr predicts a failing block): what stops drafting."""
     pred_fail = scores < thr
@@ -119,43 +142,25 @@ def precision_recall(scores: np.ndarray, labels: np.ndarray, thr: float) -> tupl
 
 # ----------------------------------------------------------------------------------------------------- costs
 def simulate(lengths: np.ndarray, n_star: np.ndarray, costs: Costs, checks: np.ndarray | None = None) -> float:
-    """Predicted speedup over plain decoding of drafting ``lengths[r]`` tokens in each round ``r``."""
-    tokens = np.minimum(n_star, lengths) + 1
-    cost = lengths * costs.draft + np.array([costs.target_cost(int(L) + 1) for L in lengths])
-    if checks is not None:
-        cost = cost + checks * costs.policy_per_check
-    return float(tokens.sum() / cost.sum() * costs.target_cost(1))
+    """Predicted speedup over plain decoding of drafting ``lengths[r]`` tokens in greedy rounds with ``n_star[r]``
+    leading accepted tokens (:func:`validation.predicted_speedup` with hard survival)."""
+    M = int(max(lengths.max(), n_star.max()))
+    surv = (np.arange(1, M + 1)[None, :] <= n_star[:, None]).astype(float)
+    return predicted_speedup(lengths, survival_cumsum(surv), costs, checks)
 
 
 def stop_lengths(block_scores: np.ndarray, m: np.ndarray, block: int, thr: float, min_draft: int) -> np.ndarray:
-    """Draft length per round when drafting stops after the first block scoring below ``thr``."""
-    R, K = block_scores.shape
-    out = np.empty(R, dtype=np.int64)
-    for r in range(R):
-        L = int(m[r])
-        for k in range(K):
-            end = (k + 1) * block
-            if end >= m[r]:
-                break
-            if end >= min_draft and block_scores[r, k] < thr:
-                L = end
-                break
-        out[r] = L
-    return out
+    """Draft length per round when drafting stops after the first block scoring below ``thr`` (blocks ending at or
+    beyond the drafted length ``m`` do not stop anything: the round drafted ``m``)."""
+    K = block_scores.shape[1]
+    ends = (np.arange(K) + 1) * block
+    bad = (block_scores < thr) & (ends[None, :] >= min_draft) & (ends[None, :] < m[:, None])
+    return np.where(bad.any(1), ends[bad.argmax(1)], m).astype(np.int64)
 
 
 def specdec_lengths(token_probs: np.ndarray, m: np.ndarray, thr: float, min_draft: int) -> np.ndarray:
     """SpecDec++ rule: stop after token i once P(some of d_1..d_i rejected) = 1 - Π σ_j exceeds ``thr``."""
-    surv = np.cumprod(token_probs, axis=1)
-    out = np.empty(len(m), dtype=np.int64)
-    for r in range(len(m)):
-        L = int(m[r])
-        for i in range(int(m[r]) - 1):
-            if i + 1 >= min_draft and 1 - surv[r, i] > thr:
-                L = i + 1
-                break
-        out[r] = L
-    return out
+    return survival_lengths(token_probs, m, thr, min_draft)
 
 
 # --------------------------------------------------------------------------------------------------- training
@@ -191,23 +196,22 @@ def fit(kind: str, train: Rounds, block: int, epochs: int, seed: int, lr: float 
         for i in range(0, R, bs):
             b = train.select(perm[i : i + bs])
             x_s = (b.scalars - mu) / sd
+            y_t, mask = b.token_targets()  # conditional token targets, where defined
             if kind == "pacer":
                 tok, blk = model(b.hidden, x_s)
-                mask = b.cond  # conditional token labels: defined where the prefix was accepted
-                lt = nn.functional.binary_cross_entropy_with_logits(tok[mask], b.accepted[mask],
-                                                                    weight=_weights(b.accepted[mask], weighted))
+                lt = nn.functional.binary_cross_entropy_with_logits(tok[mask], y_t[mask],
+                                                                    weight=_weights(y_t[mask], weighted))
                 k = blk.shape[1]
                 ends = torch.arange(1, k + 1) * block - 1
-                y_b = b.accepted[:, ends]
+                y_b = b.survival()[:, ends]
                 m_b = b.valid[:, ends]
                 lb = nn.functional.binary_cross_entropy_with_logits(blk[m_b], y_b[m_b],
                                                                     weight=_weights(y_b[m_b], weighted))
                 loss = lb + token_weight * lt
             else:
-                mask = b.cond
                 logit = model(b.hidden[mask], x_s[mask])
-                loss = nn.functional.binary_cross_entropy_with_logits(logit, b.accepted[mask],
-                                                                      weight=_weights(b.accepted[mask], weighted))
+                loss = nn.functional.binary_cross_entropy_with_logits(logit, y_t[mask],
+                                                                      weight=_weights(y_t[mask], weighted))
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -228,12 +232,20 @@ def scores(kind: str, model: nn.Module, r: Rounds, mu: torch.Tensor, sd: torch.T
     return torch.sigmoid(model(r.hidden, x_s)).numpy()
 
 
-def evaluate(kind: str, model, val: Rounds, mu, sd, block: int, costs: Costs, min_draft: int = 1) -> dict:
-    """Validation metrics and the cost-model-optimal threshold."""
-    sc = scores(kind, model, val, mu, sd)
-    m, n_star = val.m.numpy(), val.n_star.numpy()
+@torch.no_grad()
+def token_survival(kind: str, model: nn.Module, r: Rounds, mu: torch.Tensor, sd: torch.Tensor) -> np.ndarray:
+    """``[R, M]``: the model's survival estimate through every position, ``Π_{j<=i} σ(token logit_j)`` (PACER's
+    token head, the SpecDec++ head)."""
+    x_s = (r.scalars - mu) / sd
+    logits = model(r.hidden, x_s)[0] if kind == "pacer" else model(r.hidden, x_s)
+    return torch.sigmoid(logits).cumprod(-1).numpy()
+
+
+def _sweep(kind: str, sc: np.ndarray, m: np.ndarray, csum: np.ndarray, block: int, costs: Costs,
+           min_draft: int) -> tuple[list, tuple]:
+    """Predicted speedup per threshold; the best ``(speedup, threshold, lengths, checks)``."""
     grid = 1 / (1 + np.exp(-np.linspace(-7, 9, 161)))  # uniform in logit space: fine near 0 and near 1
-    sims = []
+    sims, best = [], None
     for thr in grid:
         if kind == "pacer":
             L = stop_lengths(sc, m, block, thr, min_draft)
@@ -241,36 +253,77 @@ def evaluate(kind: str, model, val: Rounds, mu, sd, block: int, costs: Costs, mi
         else:
             L = specdec_lengths(sc, m, thr, min_draft)
             checks = L
-        sims.append((simulate(L, n_star, costs, checks), float(thr), float(L.mean())))
-    best = max(sims)
-    res: dict = {"threshold": best[1], "predicted_speedup": round(best[0], 4), "mean_draft": round(best[2], 3),
-                 "sweep": [{"threshold": t, "predicted_speedup": round(s, 4), "mean_draft": round(ml, 3)}
-                           for s, t, ml in sims]}
+        sp = predicted_speedup(L, csum, costs, checks)
+        sims.append((sp, float(thr), float(L.mean())))
+        if best is None or sp > best[0]:
+            best = (sp, float(thr), L, checks)
+    return sims, best
+
+
+def evaluate(kind: str, model, val: Rounds, mu, sd, block: int, costs: Costs, min_draft: int = 1,
+             baseline: nn.Module | None = None, scalar_names: list[str] | None = None) -> dict:
+    """Validation metrics, the cost-model-optimal threshold and, with ``baseline`` (the features-only model), the
+    comparison of :func:`validation.compare` for every cost profile, and for the measured costs per group (greedy /
+    sampled rounds, prompt category)."""
+    sc = scores(kind, model, val, mu, sd)
+    m = val.m.numpy()
+    surv = val.survival().numpy()
+    csum = survival_cumsum(surv)
+    sims, best = _sweep(kind, sc, m, csum, block, costs, min_draft)
+    res: dict = {"threshold": best[1], "predicted_speedup": round(best[0], 4),
+                 "mean_draft": round(float(best[2].mean()), 3),
+                 "sweep": [{"threshold": t, "predicted_speedup": round(sp, 4), "mean_draft": round(ml, 3)}
+                           for sp, t, ml in sims]}
+    hard = val.accepted.numpy()
     if kind == "pacer":
         K = sc.shape[1]
         ends = np.arange(1, K + 1) * block - 1
-        y = val.accepted.numpy()[:, ends]
+        y, target = hard[:, ends], surv[:, ends]
         ok = val.valid.numpy()[:, ends]
-        s_flat, y_flat = sc[ok], y[ok]
-        res["auc"] = round(roc_auc(s_flat, y_flat), 4)
+        s_flat, y_flat, t_flat = sc[ok], y[ok], target[ok]
         per_pos = []
         for k in range(K):
             sel = ok[:, k]
             if sel.any():
                 per_pos.append({"block": k + 1, "n": int(sel.sum()), "mean_score": round(float(sc[sel, k].mean()), 4),
-                                "pass_rate": round(float(y[sel, k].mean()), 4),
+                                "pass_rate": round(float(target[sel, k].mean()), 4),
                                 "auc": round(roc_auc(sc[sel, k], y[sel, k]), 4)})
         res["calibration"] = per_pos
     else:
-        c = val.cond.numpy()
-        s_flat, y_flat = sc[c], val.accepted.numpy()[c]
-        res["auc"] = round(roc_auc(s_flat, y_flat), 4)
+        y_t, mask = val.token_targets()
+        c = mask.numpy()
+        s_flat, y_flat, t_flat = sc[c], hard[c], y_t.numpy()[c]
+    res["auc"] = round(roc_auc(s_flat, y_flat), 4)  # against what verification decided (the hard realisation)
+    res["ece"] = round(ece(s_flat, t_flat), 4)
     p, rcl = precision_recall(s_flat, y_flat, res["threshold"] if kind == "pacer" else 0.5)
     res["fail_precision"], res["fail_recall"] = round(float(p), 4), round(float(rcl), 4)
-    fixed = {g: simulate(np.minimum(m, g), n_star, costs) for g in range(1, int(m.max()) + 1)}
+    fixed = {g: predicted_speedup(np.minimum(m, g), csum, costs) for g in range(0, int(m.max()) + 1)}
     res["best_fixed_gamma"] = max(fixed, key=fixed.get)
     res["best_fixed_predicted_speedup"] = round(max(fixed.values()), 4)
-    res["oracle_predicted_speedup"] = round(simulate(n_star, n_star, costs), 4)
+    res["oracle_predicted_speedup"] = round(predicted_speedup(oracle_lengths(csum, m, costs), csum, costs), 4)
+    if baseline is None or scalar_names is None:
+        return res
+    with torch.no_grad():
+        base = torch.sigmoid(baseline((val.scalars - mu) / sd).squeeze(-1)).cumprod(-1).numpy()
+    raw = val.scalars.numpy()
+    survivals = {"features-only": base, "layer-per-token": token_survival(kind, model, val, mu, sd)}
+    res["survival_auc"] = survival_auc({**survivals, **rule_survival(raw, scalar_names)}, hard > 0.5,
+                                       val.valid.numpy())
+
+    def groups(sel: np.ndarray, cst: Costs) -> dict:
+        return compare(lambda c: _sweep(kind, sc[sel], m[sel], csum[sel], block, c, min_draft)[1][2:],
+                       csum[sel], m[sel], raw[sel], scalar_names, {k: v[sel] for k, v in survivals.items()}, cst,
+                       min_draft)
+
+    everything = np.ones(len(val), dtype=bool)
+    res["compare"] = {name: groups(everything, c) for name, c in profiles(costs, int(m.max())).items()}
+    from ..data.mix import CATEGORIES
+
+    sel = {"greedy": ~val.sampled.numpy(), "sampled": val.sampled.numpy(),
+           **{c: val.category.numpy() == i for i, c in enumerate(CATEGORIES)}}
+    res["groups"] = {name: {"rounds": int(g.sum()), **{p: groups(g, c) for p, c in profiles(costs, int(m.max())).items()
+                                                       if p in ("measured", "flat")}}
+                     for name, g in sel.items() if g.sum() >= 20}
     return res
 
 
@@ -328,9 +381,12 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
     secs = time.perf_counter() - t0
     check = check_cost(kind, model, spec) if check_seconds is None else check_seconds
     costs = Costs(costs.draft, costs.target, check)
-    report = evaluate(kind, model, va, mu, sd, block, costs, min_draft)
+    y_t, mask = tr.token_targets()
+    baseline = fit_features_only((tr.scalars - mu) / sd, y_t, mask, seed=seed)
+    report = evaluate(kind, model, va, mu, sd, block, costs, min_draft, baseline, list(spec.scalar_names))
     cfg = {
         "format": "pacer-preverifier/1",
+        "data": {k: manifest[k] for k in ("source", "temperatures", "mix", "max_new_tokens") if k in manifest},
         "feature_spec": spec.to_dict(),
         "block": block if kind == "pacer" else 1,
         "d": d,
