@@ -148,7 +148,8 @@ def candidate_pools(limit: int = 12000) -> dict[str, list[TrainingPrompt]]:
         first = (turns[0].get("value") or "").strip()
         if not first or is_benchmark_text(first):
             continue
-        pools[classify(first)].append(TrainingPrompt(first, classify(first), "sharegpt"))
+        category = classify(first)
+        pools[category].append(TrainingPrompt(first, category, "sharegpt"))
         answer = turns[1].get("value", "") if len(turns) > 1 and turns[1].get("from") == "gpt" else ""
         opening = code_opening(answer)
         if opening:

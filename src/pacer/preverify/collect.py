@@ -39,7 +39,6 @@ class Recorder(FixedPolicy):
     rows: dict[str, list] = field(default_factory=dict)
     prompt_id: int = 0
     round_id: int = 0
-    temperature: float = 0.0
     category: int = 0
 
     def __post_init__(self) -> None:
@@ -66,7 +65,7 @@ class Recorder(FixedPolicy):
         self.rows["position"].append(idx.to(torch.int16))
         self.rows["round"].append(torch.full((n,), self.round_id, dtype=torch.int32))
         self.rows["prompt"].append(torch.full((n,), self.prompt_id, dtype=torch.int32))
-        self.rows["temperature"].append(torch.full((n,), self.temperature, dtype=torch.float32))
+        self.rows["temperature"].append(torch.full((n,), state.temperature, dtype=torch.float32))
         self.rows["category"].append(torch.full((n,), self.category, dtype=torch.int8))
         self.round_id += 1
         self.hist.update(result.drafted, result.accepted)
@@ -113,9 +112,8 @@ def collect(decoder, out_dir: Path, n_prompts: int, max_new_tokens: int = 48, sp
         for pid in batch:
             ids, category = prompts[pid]
             rec.prompt_id = pid
-            rec.temperature = temperatures[pid % len(temperatures)]
             rec.category = CATEGORIES.index(category)
-            sampling = SamplingConfig(temperature=rec.temperature, seed=seed * 1_000_003 + pid)
+            sampling = SamplingConfig(temperature=temperatures[pid % len(temperatures)], seed=seed * 1_000_003 + pid)
             decoder.generate(ids, "sd", max_new_tokens, sampling=sampling, policy=rec)
             bar.update(1)
         data = rec.take()
