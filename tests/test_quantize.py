@@ -110,3 +110,51 @@ def test_bad_quantization_is_refused():
     with pytest.raises(PacerError, match="int8"):
         Decoder(*tiny_pair("close"), draft_quant="int4")
     quantize_int8(tiny_pair("close")[1].model)  # twice is harmless: no nn.Linear left the second time
+
+
+def _fake_linear(monkeypatch, times: dict[str, tuple[float, float]]) -> list[str]:
+    calls: list[str] = []
+
+    def fake(dtype, reps=9):
+        calls.append(dtype)
+        return times[dtype]
+
+    monkeypatch.setattr(cal_mod, "linear_times", fake)
+    return calls
+
+
+def test_dtype_auto_picks_the_dtype_that_prices_faster_and_caches_it(tmp_path, monkeypatch):
+    """``--dtype auto`` on a CPU: float32 where bf16 has no native kernels and float32 prices >= 10% cheaper
+    (an AVX2-only CPU), bfloat16 otherwise; measured once per machine key; a corrupt cache is measured again."""
+    monkeypatch.setenv("PACER_HOME", str(tmp_path))
+    avx2 = {"bfloat16": (0.008, 0.105), "float32": (0.0045, 0.060)}  # as timed on the EPYC (Zen 3)
+    calls = _fake_linear(monkeypatch, avx2)
+    assert cal_mod.choose_dtype("cpu")[0] == "float32"
+    assert cal_mod.choose_dtype("cpu")[0] == "float32" and len(calls) == 2  # cached: not timed again
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 7)  # another key: timed again
+    calls = _fake_linear(monkeypatch, {"bfloat16": (0.004, 0.030), "float32": (0.0045, 0.060)})  # AVX-512 BF16
+    choice, why = cal_mod.choose_dtype("cpu")
+    assert choice == "bfloat16" and len(calls) == 2 and "float32" in why
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 5)
+    calls = _fake_linear(monkeypatch, {"bfloat16": (0.010, 0.100), "float32": (0.0095, 0.095)})  # 5%: not enough
+    assert cal_mod.choose_dtype("cpu")[0] == "bfloat16"
+    for f in (tmp_path / "calibration").glob("*.json"):
+        f.write_text("{not json")
+    calls = _fake_linear(monkeypatch, avx2)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 7)
+    assert cal_mod.choose_dtype("cpu")[0] == "float32" and len(calls) == 2  # corrupt cache: measured again
+
+
+def test_dtype_auto_on_cuda_is_bf16_where_supported(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert cal_mod.choose_dtype(torch.device("cuda"))[0] == "bfloat16"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert cal_mod.choose_dtype(torch.device("cuda"))[0] == "float16"
+
+
+def test_dtype_auto_times_real_layers():
+    """The real timing runs (a few ms) and prices the generation from its two points."""
+    t1, tc = cal_mod.linear_times("float32", reps=1)
+    assert 0 < t1 and 0 < tc
+    assert cal_mod.dtype_cost(t1, tc) == pytest.approx(cal_mod.DTYPE_PROMPT / cal_mod.DTYPE_CHUNK * tc
+                                                       + cal_mod.DTYPE_NEW * t1)

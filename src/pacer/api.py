@@ -100,7 +100,7 @@ class Decoder:
 
     @classmethod
     def from_pretrained(cls, target: str = "default-target", draft: str | None = "default-draft",
-                        dtype: str = "bfloat16", threads: int | None = None, progress: bool = True,
+                        dtype: str = "auto", threads: int | None = None, progress: bool = True,
                         draft_vocab: int | str | Sequence[int] | None = "auto", draft_quant: str = "auto",
                         quantize: str = "none", backend: str = "auto",
                         device: str | torch.device | None = "auto") -> Decoder:
@@ -109,7 +109,8 @@ class Decoder:
         ``transformers`` (PyTorch), ``llamacpp`` (GGUF files run by llama.cpp, see :data:`pacer.models.BACKENDS`;
         ``dtype`` does not apply there) or ``auto`` (llama.cpp for a GGUF pair when llama-cpp-python is installed,
         :func:`pacer.models.resolve_backend`; on a CUDA ``device``, transformers). ``device``: see :mod:`pacer.devices`
-        (checked before anything loads)."""
+        (checked before anything loads). ``dtype="auto"``: the transformers backend's weights in the dtype
+        :func:`pacer.calibration.choose_dtype` measures faster on this machine."""
         from .quantize import check_kind
 
         check_kind(quantize)
@@ -119,8 +120,12 @@ class Decoder:
                                          quantize=quantize, draft_vocab=draft_vocab)
         models.check_backend(backend, target, draft)
         check_quantize(backend, quantize, draft_quant)
-        devices.check_device(device, backend, quantize, draft_quant)
+        dev = devices.check_device(device, backend, quantize, draft_quant)
         models.set_threads(threads)
+        if dtype == "auto":  # the transformers backend's weights dtype, measured on this machine
+            from .calibration import choose_dtype
+
+            dtype = choose_dtype(dev)[0] if backend == "transformers" else "bfloat16"
         t = models.load_model(target, dtype, progress=progress, backend=backend)
         d = models.load_model(draft, dtype, progress=progress, backend=backend) if draft else None
         return cls(t, d, threads, draft_vocab, progress=progress, draft_quant=draft_quant, quantize=quantize,
@@ -329,7 +334,7 @@ class Decoder:
 
 
 def generate(prompt: str, method: str = "sd", target: str = "default-target", draft: str = "default-draft",
-             dtype: str = "bfloat16", threads: int | None = None, backend: str = "auto",
+             dtype: str = "auto", threads: int | None = None, backend: str = "auto",
              **kwargs) -> GenerationResult:
     """One-shot: load the pair, generate, return a :class:`GenerationResult` (text, token_ids, stats)."""
     return Decoder.from_pretrained(target, draft if methods.get(method).loads_draft else None, dtype, threads,

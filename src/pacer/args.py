@@ -25,9 +25,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="what runs the models: transformers (PyTorch; GGUF files are dequantized once), llamacpp "
                         "(GGUF files as they are, on llama.cpp's kernels through llama-cpp-python) or auto "
                         "(default: llamacpp for a GGUF pair when llama-cpp-python is installed)")
-    g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
-                   help="weights dtype of the transformers backend (bfloat16 is the fast one on CPUs with bf16 "
-                        "support)")
+    g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float16"],
+                   help="weights dtype of the transformers backend; auto (default): bfloat16 on CUDA, on a CPU the "
+                        "faster of bfloat16 and float32 as measured here (AVX2-only CPUs have no bf16 kernels)")
     g.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
     g.add_argument("--device", default="auto", metavar="{auto,cpu,cuda}",
                    help="where the transformers backend runs: auto (default: CUDA when available, else the CPU), "

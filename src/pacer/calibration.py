@@ -194,6 +194,73 @@ def choose_draft_quant(draft, reps: int = 5) -> str:
     return choice
 
 
+# ---------------------------------------------------------------------------------------------- dtype auto
+#: what ``--dtype auto`` chooses among on a CPU (float16 has no fast CPU matrix kernels)
+CPU_DTYPES = ("bfloat16", "float32")
+#: the layer it times: the MLP up-projection of a 1.5B Qwen2.5 (hidden 1536 -> intermediate 8960)
+DTYPE_SHAPE = (1536, 8960)
+#: the generation it prices: ``DTYPE_PROMPT`` prompt tokens prefilled ``DTYPE_CHUNK`` at a time, then ``DTYPE_NEW``
+#: tokens decoded one at a time
+DTYPE_PROMPT, DTYPE_CHUNK, DTYPE_NEW = 128, 32, 128
+#: float32 holds twice the memory: it is chosen only when it prices at most this fraction of bfloat16
+DTYPE_MARGIN = 0.9
+
+
+def dtype_cost(t1: float, t_chunk: float) -> float:
+    """Seconds of the priced generation from one linear layer's times at 1 and ``DTYPE_CHUNK`` rows."""
+    return DTYPE_PROMPT / DTYPE_CHUNK * t_chunk + DTYPE_NEW * t1
+
+
+def choose_dtype(device: torch.device | str = "cpu", reps: int = 9) -> tuple[str, str]:
+    """``(dtype, why)``: the weights dtype ``--dtype auto`` loads the transformers backend's models in.
+
+    On CUDA: ``bfloat16`` where the GPU supports it, else ``float16``. On a CPU the same linear layer
+    (:data:`DTYPE_SHAPE`) is timed in each of :data:`CPU_DTYPES` at 1 row (a decoding step) and ``DTYPE_CHUNK`` rows
+    (prefill, verification), median of ``reps``, and the generation :func:`dtype_cost` prices is compared: CPUs
+    without native bf16 instructions (AVX2-only ones) convert every bf16 weight to float32 on the fly and can be
+    faster in float32, those with AVX-512 BF16 or AMX are faster in bfloat16. Measured once per machine, threads
+    and PyTorch, cached like a calibration. Both dtypes hold the dequantized GGUF weights (float32 exactly), so
+    the choice changes what plain decoding emits only by rounding; ``--dtype`` pins it."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        ok = torch.cuda.is_bf16_supported()
+        return ("bfloat16", "CUDA with bf16") if ok else ("float16", "CUDA without bf16")
+    key = {"format": FORMAT, "what": "dtype", "shape": list(DTYPE_SHAPE), "prompt": DTYPE_PROMPT,
+           "chunk": DTYPE_CHUNK, "new": DTYPE_NEW, "threads": torch.get_num_threads(), "cpu": cpu_identity(),
+           "torch": torch.__version__}
+    cached, _ = _read_payload(key)
+    if cached is not None and cached.get("choice") in CPU_DTYPES and isinstance(cached.get("cost"), dict):
+        return cached["choice"], _dtype_reason(cached["cost"])
+    cost = {name: dtype_cost(*linear_times(name, reps)) for name in CPU_DTYPES}
+    choice = "float32" if cost["float32"] <= DTYPE_MARGIN * cost["bfloat16"] else "bfloat16"
+    _write_payload(key, {"choice": choice, "cost": {k: round(v, 6) for k, v in cost.items()}})
+    return choice, _dtype_reason(cost)
+
+
+def linear_times(dtype: str, reps: int = 9) -> tuple[float, float]:
+    """Median seconds of the :data:`DTYPE_SHAPE` linear layer in ``dtype`` at 1 and ``DTYPE_CHUNK`` rows."""
+    g = torch.Generator().manual_seed(0)
+    dt = getattr(torch, dtype)
+    w = torch.randn(DTYPE_SHAPE[1], DTYPE_SHAPE[0], generator=g).to(dt)
+    times = []
+    with torch.inference_mode():
+        for rows in (1, DTYPE_CHUNK):
+            x = torch.randn(rows, DTYPE_SHAPE[0], generator=g).to(dt)
+            torch.nn.functional.linear(x, w)
+            ts = []
+            for _ in range(reps):
+                t = time.perf_counter()
+                torch.nn.functional.linear(x, w)
+                ts.append(time.perf_counter() - t)
+            times.append(statistics.median(ts))
+    return times[0], times[1]
+
+
+def _dtype_reason(cost: dict) -> str:
+    return (f"one linear layer timed in each dtype: a {DTYPE_PROMPT}-token prompt and {DTYPE_NEW} new tokens cost "
+            f"{cost['float32'] / cost['bfloat16']:.2f}x in float32 what they cost in bfloat16 on this CPU")
+
+
 def _key_hash(key: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 

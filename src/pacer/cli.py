@@ -108,7 +108,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .calibration import describe_cpu
 
     dec = load_decoder(args)
-    runs = args.dtype if args.backend == "transformers" else f"{args.backend} backend"
+    runs = dec.target_info.weights if args.backend == "transformers" else f"{args.backend} backend"
     print(f"pacer demo: target {args.target}, draft {args.draft}, {runs}, {dec.threads} threads, "
           f"method {args.method}, {args.max_new_tokens} new tokens per prompt")
     print(f"machine: {describe_cpu()}")
@@ -119,6 +119,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"weights: target {dec.target_info.weights}, draft {dec.draft_info.weights}"
           + (" (int8 weight-only: measured faster here; lossless, the draft only proposes)"
              if dec.draft_info.weights.startswith("int8") and args.quantize == "none" else ""))
+    if args.dtype == "auto" and args.backend == "transformers":
+        from .calibration import choose_dtype
+
+        print(f"dtype: {dec.target_info.weights.split('+')[-1]} (--dtype auto: {choose_dtype(dec.device)[1]})")
     dec.generate("Hello", "ar", max_new_tokens=2)  # warm-up
     cal = dec.calibration(dec.draft_rows(dec.draft_vocab))
     print(f"measured costs ({cal.source}): {cal.costs.curve()}")
@@ -179,7 +183,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     else:
         c = cal.costs
         print(f"machine: {describe_cpu()}; {dec.threads} threads; torch {cal.key.get('torch')}")
-        print(f"pair: {args.target} + {args.draft}, {args.dtype}, draft vocabulary {cal.key.get('draft_rows')}")
+        print(f"pair: {args.target} + {args.draft}, {dec.target_info.weights}, "
+              f"draft vocabulary {cal.key.get('draft_rows')}")
         print(f"{'k':>4} {'target ms':>10} {'ms per token':>13}  (one forward scoring k new tokens after "
               f"{cal.key.get('context')} cached)")
         for k in sorted({*c.target, 16}):

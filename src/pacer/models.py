@@ -577,14 +577,17 @@ def load_model(
 def configured_vocab(spec: str, dtype: str = "bfloat16", home: Path | None = None) -> int | None:
     """The vocabulary size a model's ``config.json`` states, read without loading the model (an HF folder, or a
     converted default model in the cache); ``None`` when it cannot be known before loading."""
-    if spec in DEFAULT_NAMES:
-        folder = (home or pacer_home()) / "models" / f"{DEFAULT_NAMES[spec].name}-{dtype}"
+    if spec in DEFAULT_NAMES:  # any converted dtype states the same vocabulary (``auto`` is not resolved yet)
+        base = (home or pacer_home()) / "models" / DEFAULT_NAMES[spec].name
+        folders = [Path(f"{base}-{d}") for d in ([dtype] if dtype in DTYPES else DTYPES)]
     else:
-        folder = Path(spec).expanduser()
-    try:
-        return int(json.loads((folder / "config.json").read_text())["vocab_size"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+        folders = [Path(spec).expanduser()]
+    for folder in folders:
+        try:
+            return int(json.loads((folder / "config.json").read_text())["vocab_size"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
 
 
 def file_sha256(path: Path, home: Path | None = None) -> str:
