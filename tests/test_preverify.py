@@ -142,6 +142,13 @@ def test_collect_then_train_then_load_on_tiny_models(tmp_path, close, monkeypatc
     with pytest.raises(PacerError, match="other settings"):
         collect(close, tmp_path / "data", n_prompts=6, max_new_tokens=20, spec=spec, progress=False,
                 temperatures=(0.0, 1.0))
+    made = json.loads((tmp_path / "data" / "manifest.json").read_text())
+    assert made["dtype"] == "float32"  # the tiny pair's weights; another dtype (--dtype auto elsewhere) is refused
+    (tmp_path / "data" / "manifest.json").write_text(json.dumps({**made, "dtype": "bfloat16"}))
+    with pytest.raises(PacerError, match="other settings"):
+        collect(close, tmp_path / "data", n_prompts=6, max_new_tokens=12, spec=spec, progress=False,
+                temperatures=(0.0, 1.0))
+    (tmp_path / "data" / "manifest.json").write_text(json.dumps(made))
     data, manifest = load_dataset(tmp_path / "data")
     assert data["hidden"].shape[1] == 128 and set(data["accepted"].unique().tolist()) <= {0, 1}
     assert len(data["round"].unique()) == m2["rounds"]

@@ -125,7 +125,7 @@ class Decoder:
         if dtype == "auto":  # the transformers backend's weights dtype, measured on this machine
             from .calibration import choose_dtype
 
-            dtype = choose_dtype(dev)[0] if backend == "transformers" else "bfloat16"
+            dtype = choose_dtype(dev, progress=progress)[0] if backend == "transformers" else "bfloat16"
         t = models.load_model(target, dtype, progress=progress, backend=backend)
         d = models.load_model(draft, dtype, progress=progress, backend=backend) if draft else None
         return cls(t, d, threads, draft_vocab, progress=progress, draft_quant=draft_quant, quantize=quantize,

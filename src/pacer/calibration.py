@@ -197,8 +197,10 @@ def choose_draft_quant(draft, reps: int = 5) -> str:
 # ---------------------------------------------------------------------------------------------- dtype auto
 #: what ``--dtype auto`` chooses among on a CPU (float16 has no fast CPU matrix kernels)
 CPU_DTYPES = ("bfloat16", "float32")
-#: the layer it times: the MLP up-projection of a 1.5B Qwen2.5 (hidden 1536 -> intermediate 8960)
+#: the layer it times: the MLP up-projection of a 1.5B Qwen2.5 (hidden 1536 -> intermediate 8960), in
+#: ``DTYPE_COPIES`` copies (220 MB in bfloat16: out of any last-level cache, as a model's weights are)
 DTYPE_SHAPE = (1536, 8960)
+DTYPE_COPIES = 8
 #: the generation it prices: ``DTYPE_PROMPT`` prompt tokens prefilled ``DTYPE_CHUNK`` at a time, then ``DTYPE_NEW``
 #: tokens decoded one at a time
 DTYPE_PROMPT, DTYPE_CHUNK, DTYPE_NEW = 128, 32, 128
@@ -211,48 +213,54 @@ def dtype_cost(t1: float, t_chunk: float) -> float:
     return DTYPE_PROMPT / DTYPE_CHUNK * t_chunk + DTYPE_NEW * t1
 
 
-def choose_dtype(device: torch.device | str = "cpu", reps: int = 9) -> tuple[str, str]:
+def choose_dtype(device: torch.device | str = "cpu", reps: int = 5, progress: bool = True) -> tuple[str, str]:
     """``(dtype, why)``: the weights dtype ``--dtype auto`` loads the transformers backend's models in.
 
-    On CUDA: ``bfloat16`` where the GPU supports it, else ``float16``. On a CPU the same linear layer
-    (:data:`DTYPE_SHAPE`) is timed in each of :data:`CPU_DTYPES` at 1 row (a decoding step) and ``DTYPE_CHUNK`` rows
-    (prefill, verification), median of ``reps``, and the generation :func:`dtype_cost` prices is compared: CPUs
+    On CUDA: ``bfloat16`` where the GPU has it natively (compute capability >= 8), else ``float16``. On a CPU
+    :data:`DTYPE_COPIES` linear layers of shape :data:`DTYPE_SHAPE` (together larger than a CPU's last-level cache,
+    so that weights stream from memory as a model's do) are timed in each of :data:`CPU_DTYPES` at 1 row (a
+    decoding step) and ``DTYPE_CHUNK`` rows (prefill, verification), median of ``reps``, and the generation
+    :func:`dtype_cost` prices is compared: CPUs
     without native bf16 instructions (AVX2-only ones) convert every bf16 weight to float32 on the fly and can be
     faster in float32, those with AVX-512 BF16 or AMX are faster in bfloat16. Measured once per machine, threads
     and PyTorch, cached like a calibration. Both dtypes hold the dequantized GGUF weights (float32 exactly), so
     the choice changes what plain decoding emits only by rounding; ``--dtype`` pins it."""
     dev = torch.device(device)
-    if dev.type == "cuda":
-        ok = torch.cuda.is_bf16_supported()
-        return ("bfloat16", "CUDA with bf16") if ok else ("float16", "CUDA without bf16")
-    key = {"format": FORMAT, "what": "dtype", "shape": list(DTYPE_SHAPE), "prompt": DTYPE_PROMPT,
-           "chunk": DTYPE_CHUNK, "new": DTYPE_NEW, "threads": torch.get_num_threads(), "cpu": cpu_identity(),
-           "torch": torch.__version__}
+    if dev.type == "cuda":  # native bf16 from Ampere (compute capability 8) on; older GPUs only emulate it
+        ok = torch.cuda.get_device_capability(dev)[0] >= 8
+        return ("bfloat16", "a CUDA GPU with native bf16") if ok else ("float16", "a CUDA GPU without native bf16")
+    key = {"format": FORMAT, "what": "dtype", "dtypes": list(CPU_DTYPES), "margin": DTYPE_MARGIN,
+           "shape": list(DTYPE_SHAPE), "copies": DTYPE_COPIES, "prompt": DTYPE_PROMPT, "chunk": DTYPE_CHUNK,
+           "new": DTYPE_NEW, "threads": torch.get_num_threads(), "cpu": cpu_identity(), "torch": torch.__version__}
     cached, _ = _read_payload(key)
-    if cached is not None and cached.get("choice") in CPU_DTYPES and isinstance(cached.get("cost"), dict):
-        return cached["choice"], _dtype_reason(cached["cost"])
-    cost = {name: dtype_cost(*linear_times(name, reps)) for name in CPU_DTYPES}
+    cost = cached.get("cost") if cached is not None else None
+    if not (isinstance(cost, dict) and all(isinstance(cost.get(d), float) and cost[d] > 0 for d in CPU_DTYPES)):
+        if progress:
+            print("pacer: timing bfloat16 and float32 matrix kernels on this CPU for --dtype auto (once, seconds)",
+                  file=sys.stderr)
+        cost = {name: dtype_cost(*linear_times(name, reps)) for name in CPU_DTYPES}
+        _write_payload(key, {"cost": {k: round(v, 6) for k, v in cost.items()}})
     choice = "float32" if cost["float32"] <= DTYPE_MARGIN * cost["bfloat16"] else "bfloat16"
-    _write_payload(key, {"choice": choice, "cost": {k: round(v, 6) for k, v in cost.items()}})
     return choice, _dtype_reason(cost)
 
 
-def linear_times(dtype: str, reps: int = 9) -> tuple[float, float]:
-    """Median seconds of the :data:`DTYPE_SHAPE` linear layer in ``dtype`` at 1 and ``DTYPE_CHUNK`` rows."""
+def linear_times(dtype: str, reps: int = 5) -> tuple[float, float]:
+    """Median seconds of one :data:`DTYPE_SHAPE` linear layer in ``dtype`` at 1 and ``DTYPE_CHUNK`` rows (each
+    repetition runs all :data:`DTYPE_COPIES` copies in turn, so none is served from the cache)."""
     g = torch.Generator().manual_seed(0)
     dt = getattr(torch, dtype)
-    w = torch.randn(DTYPE_SHAPE[1], DTYPE_SHAPE[0], generator=g).to(dt)
+    ws = [(torch.rand(DTYPE_SHAPE[1], DTYPE_SHAPE[0], generator=g) - 0.5).to(dt) for _ in range(DTYPE_COPIES)]
     times = []
     with torch.inference_mode():
         for rows in (1, DTYPE_CHUNK):
             x = torch.randn(rows, DTYPE_SHAPE[0], generator=g).to(dt)
-            torch.nn.functional.linear(x, w)
             ts = []
-            for _ in range(reps):
+            for _ in range(reps + 1):  # the first is a warm-up
                 t = time.perf_counter()
-                torch.nn.functional.linear(x, w)
-                ts.append(time.perf_counter() - t)
-            times.append(statistics.median(ts))
+                for w in ws:
+                    torch.nn.functional.linear(x, w)
+                ts.append((time.perf_counter() - t) / len(ws))
+            times.append(statistics.median(ts[1:]))
     return times[0], times[1]
 
 

@@ -542,7 +542,8 @@ def load_model(
     if backend == "llamacpp":
         return load_gguf(spec, home, progress)
     if dtype not in DTYPES:
-        raise PacerError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)}")
+        raise PacerError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)} (Decoder.from_pretrained also "
+                         f"takes auto: pacer.calibration.choose_dtype)")
     torch_dtype = DTYPES[dtype]
     home = home or pacer_home()
     if spec in DEFAULT_NAMES:

@@ -272,6 +272,9 @@ def recheck_lossless(out: Path) -> int:
         print(f"pacer bench: no output in {out} differs from ar; nothing to recheck")
         return 0
     dec, *_ = _load_decoder(run_args)
+    if meta.get("target_weights") and dec.target_info.weights != meta["target_weights"]:
+        raise PacerError(f"--recheck-lossless: {out} ran the target as {meta['target_weights']}, this machine loaded "
+                         f"{dec.target_info.weights}; recheck where the run was made")
     changed = 0
     for r in todo:
         key = f"{r['dataset']}/{r['question_id']}"
@@ -307,7 +310,11 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
     # and warm-up, during which the tree may move on
     commit = _git("rev-parse", "HEAD")
     dirty = _git("status", "--porcelain", "--untracked-files=no")
+    if args.resume and previous and args.dtype == "auto" and args.backend == "transformers" and previous.get("dtype"):
+        args.dtype = previous["dtype"]  # a resumed run keeps the dtype --dtype auto chose when it started
     dec, target, draft, dtype = _load_decoder(args)
+    if not args.quick and dec.backend == "transformers":
+        args.dtype = dtype  # the recorded command names the dtype that ran, not "auto" (a rerun elsewhere may differ)
     config = {
         "target": target, "draft": draft, "dtype": dtype, "threads": dec.threads,
         "target_fingerprint": dec.target_info.fingerprint,

@@ -90,9 +90,13 @@ def collect(decoder, out_dir: Path, n_prompts: int, max_new_tokens: int = 48, sp
              "feature_spec": spec.to_dict(), "seed": seed, "max_new_tokens": max_new_tokens,
              "source": "mix/1 (pacer.data.mix)", "skip": skip, "temperatures": list(temperatures),
              "backend": decoder.backend}
+    if decoder.backend == "transformers":  # the weights' dtype changes the features (--dtype auto may differ)
+        ident["dtype"] = decoder.target_info.weights.split("+")[-1]
     if manifest_path.exists():
         manifest = read_manifest(manifest_path)
-        if any({"backend": "transformers", **manifest}.get(k) != v for k, v in ident.items()):
+        # collections from before a setting was recorded: the transformers backend, bfloat16
+        old = {"backend": "transformers", **({"dtype": "bfloat16"} if "dtype" in ident else {}), **manifest}
+        if any(old.get(k) != v for k, v in ident.items()):
             raise PacerError(f"{out_dir} holds data collected with other settings or models; use a new --out folder")
     else:
         manifest = {**ident, "shards": [], "prompts_done": 0, "tokens": 0, "rounds": 0, "seconds": 0.0}
