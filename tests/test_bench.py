@@ -220,11 +220,11 @@ def test_resume_after_interruption(close, tmp_path, monkeypatch):
 
     real, calls = runner.run_question, []
 
-    def interrupted(dec, spec, q, m, refs=None):
+    def interrupted(dec, spec, q, m, refs=None, *rest):
         if len(calls) == 5:
             raise KeyboardInterrupt
         calls.append((q.key, spec.label))
-        return real(dec, spec, q, m, refs)
+        return real(dec, spec, q, m, refs, *rest)
 
     monkeypatch.setattr(runner, "run_question", interrupted)
     with pytest.raises(KeyboardInterrupt):
@@ -235,8 +235,8 @@ def test_resume_after_interruption(close, tmp_path, monkeypatch):
     again = Bench(close, specs, QUESTIONS, tmp_path, 12, progress=False)
     assert again.units() == (8, 5)
     ran = []
-    monkeypatch.setattr(runner, "run_question", lambda dec, spec, q, m, refs=None: ran.append(spec.label)
-                        or real(dec, spec, q, m, refs))
+    monkeypatch.setattr(runner, "run_question", lambda dec, spec, q, m, refs=None, *rest: ran.append(spec.label)
+                        or real(dec, spec, q, m, refs, *rest))
     again.run()
     assert len(ran) == 3
     recs, torn = rec_io.read_answers(tmp_path / "answers.jsonl")
@@ -257,8 +257,8 @@ def plant_difference(monkeypatch, label: str, index: int) -> None:
 
     real = runner.run_turn
 
-    def planted(dec, spec, ids, m, reference=None):
-        out = real(dec, spec, ids, m, reference)
+    def planted(dec, spec, ids, m, reference=None, *rest):
+        out = real(dec, spec, ids, m, reference, *rest)
         if spec.label == label:
             t = out.token_ids
             out.token_ids = t[:index] + [(t[index] + 1) % 256] + t[index + 1:]
@@ -475,3 +475,38 @@ def test_records_are_spec_bench_answers_and_resume_checks_the_questions(tmp_path
     (out / "run.json").unlink()
     assert main([*argv, "--resume"]) == 2
     assert "no run.json" in capsys.readouterr().err
+
+
+def test_quick_sampling_mode(tmp_path, capsys):
+    """``--temperature > 0``: each turn is a seeded draw with the same seed for every method (ar's answer is exactly
+    the draw a direct generation with that seed makes), outputs are not compared token by token, greedy-only
+    methods are refused before anything loads, and the temperature is pinned on resume."""
+    from pacer.api import Decoder
+    from pacer.bench.data import QUICK_QUESTIONS
+    from pacer.bench.runner import turn_sampling
+    from pacer.sampling import SamplingConfig
+    from pacer.tiny import tiny_pair
+
+    out = tmp_path / "s"
+    base = ["bench", "--quick", "--n", "2", "--max-new-tokens", "8", "--no-progress", "--out", str(out)]
+    assert main([*base, "--methods", "ar,sd:gamma=3,oracle", "--temperature", "0.7"]) == 2
+    assert "oracle decode(s) greedily only" in capsys.readouterr().err and not out.exists()
+    argv = [*base, "--methods", "ar,sd:gamma=3,entropy", "--temperature", "0.7", "--seed", "3"]
+    assert main(argv) == 0
+    recs, _ = rec_io.read_answers(out / "answers.jsonl")
+    assert len(recs) == 2 * 3 and all(r["lossless"] is None for r in recs)
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["temperature"] == 0.7 and meta["seed"] == 3 and "--temperature 0.7 --seed 3" in meta["command"]
+    assert "sampling at temperature 0.7 (seed 3" in (out / "report.md").read_text()
+    dec = Decoder(*tiny_pair("close"), threads=1)
+    qs = {f"{q.dataset}/{q.question_id}": q for q in QUICK_QUESTIONS}
+    drawn = greedy = 0
+    for r in (r for r in recs if r["method"] == "ar"):
+        q = qs[f"{r['dataset']}/{r['question_id']}"]
+        ids = dec.encode(q.turns[0], chat=q.chat, history=[])
+        want = dec.generate(ids, "ar", 8, sampling=turn_sampling(SamplingConfig(0.7, seed=3), q, 0, 0)).token_ids
+        drawn += r["choices"][0]["token_ids"][0] == want
+        greedy += r["choices"][0]["token_ids"][0] == dec.generate(ids, "ar", 8).token_ids
+    assert drawn == 2 and greedy < 2  # the seeded draws, not greedy answers
+    assert main([*argv[:-4], "--temperature", "1.0", "--seed", "3", "--resume"]) == 2
+    assert "temperature=0.7" in capsys.readouterr().err

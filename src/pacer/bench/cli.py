@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -21,7 +22,9 @@ DEFAULT_METHODS_LLAMACPP = ("ar,sd:gamma=2..6,confidence:threshold=0.4,confidenc
                             "ouroboros,lookup,oracle")
 #: settings that must match when a run is resumed (the rest - methods, questions, repeats - may grow)
 PINNED = ("target", "draft", "target_fingerprint", "draft_fingerprint", "dtype", "threads", "max_new_tokens",
-          "quick", "draft_vocab", "target_weights", "draft_weights", "backend")
+          "quick", "draft_vocab", "target_weights", "draft_weights", "backend", "temperature", "seed")
+#: methods that decode greedily only (the oracle drafts against ar's greedy answer; hf-assisted is run greedy)
+GREEDY_ONLY = ("oracle", "hf-assisted")
 
 
 def register(subparsers) -> None:
@@ -50,6 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--select-seed", type=int, default=0, help="seed of --select random")
     p.add_argument("--max-new-tokens", type=int, default=None, help="per turn (default 128; --quick: 24)")
     p.add_argument("--repeats", type=int, default=1, help="passes over all questions (spread of the speedup)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 (default): greedy, every output checked against ar's token by token; > 0: sampling, "
+                        "each turn a seeded draw (the same seed for every method), not compared token by token")
+    p.add_argument("--seed", type=int, default=0, help="base seed of --temperature > 0 (per question/repeat/turn)")
     p.add_argument("--out", type=Path, required=True, help="output folder")
     p.add_argument("--resume", action="store_true", help="continue a run in --out, skipping finished records")
     p.add_argument("--report-only", action="store_true", help="rebuild the report from --out without models")
@@ -118,6 +125,8 @@ def command_line(args: argparse.Namespace, methods: str) -> str:
     if args.select == "random":
         parts += ["--select-seed", str(args.select_seed)]
     parts += ["--max-new-tokens", str(args.max_new_tokens), "--repeats", str(args.repeats)]
+    if args.temperature > 0:
+        parts += ["--temperature", str(args.temperature), "--seed", str(args.seed)]
     if not args.quick:
         parts += ["--target", args.target, "--draft", args.draft, "--backend", args.backend]
         if args.backend == "transformers":
@@ -145,6 +154,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise PacerError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.repeats <= 0:
         raise PacerError(f"--repeats must be >= 1, got {args.repeats}")
+    if not math.isfinite(args.temperature) or args.temperature < 0:
+        raise PacerError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     if args.threads is not None and args.threads <= 0:
         raise PacerError(f"--threads must be >= 1, got {args.threads}")
 
@@ -212,6 +223,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     resolve_args_backend(args)
     methods_text = args.methods or (DEFAULT_METHODS_LLAMACPP if args.backend == "llamacpp" else DEFAULT_METHODS)
     specs = parse_methods(methods_text)  # errors before anything is loaded or written
+    greedy_only = [s.label for s in specs if s.name in GREEDY_ONLY]
+    if args.temperature > 0 and greedy_only:
+        raise PacerError(f"--temperature {args.temperature}: {', '.join(greedy_only)} decode(s) greedily only (the "
+                         f"oracle drafts against ar's greedy answer); drop them from --methods or use --temperature 0")
     questions = load_questions(args)
     if out.exists() and not out.is_dir():
         raise PacerError(f"--out {out} exists and is not a folder")
@@ -323,6 +338,7 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
         "target_weights": dec.target_info.weights,
         "draft_weights": dec.draft_info.weights if dec.draft_info else None,
         "backend": dec.backend,
+        "temperature": args.temperature, "seed": args.seed if args.temperature > 0 else 0,
     }
     if args.resume and previous:
         for k in PINNED:
@@ -377,7 +393,10 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
     if dec.draft_info is not None:
         meta["calibration"] = dec.calibration(dec.draft_rows(dec.draft_vocab)).to_dict()
     atomic_write_text(out / "run.json", json.dumps(meta, indent=2) + "\n")
-    bench = Bench(dec, specs, questions, out, args.max_new_tokens, args.repeats, args.progress)
+    from ..sampling import SamplingConfig
+
+    sampling = SamplingConfig(args.temperature, seed=args.seed) if args.temperature > 0 else None
+    bench = Bench(dec, specs, questions, out, args.max_new_tokens, args.repeats, args.progress, sampling)
     total, finished = bench.units()
     if finished:
         log(f"pacer bench: resuming, {finished}/{total} runs already in {out / 'answers.jsonl'}")
@@ -403,7 +422,8 @@ def _print_summary(summary: dict, out: Path) -> None:
 
     print(f"{'method':<34} {'speedup':>8} {'median':>8} {'tok/s':>8} {'tau':>6} {'lossless':>9}")
     for m, s in overall.items():
-        ll = "base" if m == "ar" else f"{s['lossless_identical']}/{s['lossless_checked']}"
+        ll = "base" if m == "ar" else f"{s['lossless_identical']}/{s['lossless_checked']}" \
+            if s["lossless_checked"] else "sampled"
         print(f"{m:<34} {f(s['speedup']):>8} {f(s['median_ratio']):>8} {f(s['tokens_per_s']):>8} "
               f"{f(s['tau']):>6} {ll:>9}")
     n = len(summary["divergences"])

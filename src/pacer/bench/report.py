@@ -129,7 +129,11 @@ def markdown(summary: dict, meta: dict) -> str:
     if planned and summary.get("records", planned) < planned:
         L.append(f"- **PARTIAL RUN: {summary['records']} of {planned} planned (question, method, repeat) runs are "
                  f"finished; continue it with the same command and `--resume`**")
-    L.append("- greedy decoding; wall time per turn from the first forward to the last token (prefill "
+    T = meta.get("temperature") or 0
+    L.append(f"- sampling at temperature {T} (seed {meta.get('seed')}; each turn a seeded draw, the same seed for "
+             f"every method): outputs are draws, not compared with ar's token by token (the distribution is what "
+             f"speculative sampling keeps; tests/test_sampling.py checks it)" if T > 0 else "- greedy decoding")
+    L.append("- wall time per turn from the first forward to the last token (prefill "
              "included, tokenization and the oracle's reference excluded); methods interleaved per question "
              "(`ar` first, the others in rotated order) after a warm-up of every method\n")
     div = summary["divergences"]
@@ -165,7 +169,8 @@ def markdown(summary: dict, meta: dict) -> str:
     for m, s in overall.items():
         spread = "-" if s["speedup"] is None or len(s["speedup_per_repeat"]) < 2 else (
             f"±{s['speedup_std']:.2f} ({s['speedup_min']:.2f}-{s['speedup_max']:.2f})")
-        lossless = "baseline" if m == "ar" else f"{s['lossless_identical']}/{s['lossless_checked']}"
+        lossless = "baseline" if m == "ar" else f"{s['lossless_identical']}/{s['lossless_checked']}" \
+            if s["lossless_checked"] else "sampled"
         L.append(f"| {m} | {_f(s['speedup'])}x | {spread} | {_f(s['median_ratio'])}x | "
                  f"{_f(s['tokens_per_s'])} | {_f(s['tau'])} | {_f(s['acceptance_rate'], '.1%')} | "
                  f"{_f(s['mean_draft_length'])} | {_f(s.get('wasted_per_round'))} | {s['questions']} | {lossless} |")

@@ -13,10 +13,12 @@ import json
 import math
 import sys
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import PacerError
+from ..sampling import SamplingConfig
 from . import records as rec_io
 from .data import Question
 from .hf import hf_assisted_generate
@@ -37,8 +39,9 @@ class TurnOut:
 
 
 def run_turn(dec, spec: MethodSpec, ids: list[int], max_new_tokens: int,
-             reference: list[int] | None = None) -> TurnOut:
-    """One generation of ``spec`` from prompt ids ``ids`` (greedy). ``reference`` feeds the oracle."""
+             reference: list[int] | None = None, sampling: SamplingConfig | None = None) -> TurnOut:
+    """One generation of ``spec`` from prompt ids ``ids``: greedy, or with ``sampling`` (a seeded draw).
+    ``reference`` feeds the oracle."""
     if spec.name == HF_ASSISTED:
         r = hf_assisted_generate(dec, ids, max_new_tokens, spec.opts)
         return TurnOut(r.token_ids, dec.decode(r.token_ids), r.wall_time, [n + 1 for n in r.accepted_counts],
@@ -46,15 +49,28 @@ def run_turn(dec, spec: MethodSpec, ids: list[int], max_new_tokens: int,
     kwargs = spec.generate_kwargs()
     if reference is not None:  # read by a policy that needs it (the oracle), ignored by the others
         kwargs["reference"] = reference
+    if sampling is not None:
+        kwargs["sampling"] = sampling
     res = dec.generate(ids, spec.name, max_new_tokens, **kwargs)
     st = res.stats
     return TurnOut(list(res.token_ids), res.text, st.wall_time, [n + 1 for n in st.accepted_counts],
                    list(st.draft_lengths), st.target_calls, st.draft_forwards, st.finish_reason, list(ids))
 
 
+def turn_sampling(sampling: SamplingConfig | None, q: Question, repeat: int, turn: int) -> SamplingConfig | None:
+    """The sampling of one turn: ``sampling``'s temperature with a seed of its own per (question, repeat, turn),
+    the same for every method (each method draws from the same target distribution with the same seed)."""
+    if sampling is None:
+        return None
+    seed = zlib.crc32(f"{sampling.seed}/{q.dataset}/{q.question_id}/{repeat}/{turn}".encode())
+    return SamplingConfig(sampling.temperature, sampling.top_k, sampling.top_p, seed)
+
+
 def run_question(dec, spec: MethodSpec, q: Question, max_new_tokens: int,
-                 references: list[list[int]] | None = None) -> list[TurnOut]:
-    """All turns of ``q``; the history of turn ``t`` holds this method's own earlier answers."""
+                 references: list[list[int]] | None = None, sampling: SamplingConfig | None = None,
+                 repeat: int = 0) -> list[TurnOut]:
+    """All turns of ``q``; the history of turn ``t`` holds this method's own earlier answers. With ``sampling``
+    each turn is a seeded draw (:func:`turn_sampling`)."""
     history: list[dict] = []
     outs: list[TurnOut] = []
     for t, prompt in enumerate(q.turns):
@@ -64,7 +80,7 @@ def run_question(dec, spec: MethodSpec, q: Question, max_new_tokens: int,
         if references is not None and t < len(references) and all(
                 o.token_ids == references[i] for i, o in enumerate(outs)):
             ref = references[t]
-        outs.append(run_turn(dec, spec, ids, max_new_tokens, ref))
+        outs.append(run_turn(dec, spec, ids, max_new_tokens, ref, turn_sampling(sampling, q, repeat, t)))
         history += [{"role": "user", "content": prompt}, {"role": "assistant", "content": outs[-1].text}]
     return outs
 
@@ -174,8 +190,10 @@ class Bench:
     """Runs ``specs`` on ``questions`` into ``out/answers.jsonl`` (see the module docstring)."""
 
     def __init__(self, dec, specs: list[MethodSpec], questions: list[Question], out: Path,
-                 max_new_tokens: int, repeats: int = 1, progress: bool = True) -> None:
+                 max_new_tokens: int, repeats: int = 1, progress: bool = True,
+                 sampling: SamplingConfig | None = None) -> None:
         self.dec = dec
+        self.sampling = sampling  # None: greedy, and every output is checked against ar's token by token
         self.specs = specs
         self.questions = questions
         self.out = out
@@ -205,7 +223,7 @@ class Bench:
     def _write(self, q: Question, spec: MethodSpec, repeat: int, outs: list[TurnOut], ar: dict | None,
                say) -> dict:
         rec = make_record(q, spec, repeat, outs)
-        if ar is not None and not spec.is_ar:
+        if ar is not None and not spec.is_ar and self.sampling is None:  # a sampled output is a draw: no check
             ok, div = check_lossless(self.dec, outs, ar["choices"][0]["token_ids"])
             rec["lossless"], rec["divergence"] = ok, div
             if not ok:
@@ -236,7 +254,8 @@ class Bench:
                         bar.set_postfix_str(f"{q.key} {spec.label}"[:60])
                         refs = ar["choices"][0]["token_ids"] if ar is not None else None
                         try:
-                            outs = run_question(self.dec, spec, q, self.max_new_tokens, refs)
+                            outs = run_question(self.dec, spec, q, self.max_new_tokens, refs, self.sampling,
+                                                repeat)
                         except (KeyboardInterrupt, PacerError):
                             raise
                         except Exception as e:  # noqa: BLE001
