@@ -122,7 +122,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.dtype == "auto" and args.backend == "transformers":
         from .calibration import choose_dtype
 
-        print(f"dtype: {dec.target_info.weights.split('+')[-1]} (--dtype auto: {choose_dtype(dec.device)[1]})")
+        print(f"dtype: {dec.target_info.dtype_name} (--dtype auto: {choose_dtype(dec.device)[1]})")
     dec.generate("Hello", "ar", max_new_tokens=2)  # warm-up
     cal = dec.calibration(dec.draft_rows(dec.draft_vocab))
     print(f"measured costs ({cal.source}): {cal.costs.curve()}")

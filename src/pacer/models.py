@@ -209,11 +209,16 @@ class LoadedModel:
         return int(self.model.config.hidden_size)
 
     @property
+    def dtype_name(self) -> str:
+        """The dtype the weights were loaded in (``bfloat16``, ``float32``, ...: what ``--dtype`` chose), without
+        pacer's int8 quantization."""
+        return str(self.dtype).removeprefix("torch.")
+
+    @property
     def weights(self) -> str:
         """``bfloat16``, ``float32``, ... or ``int8+bfloat16`` for int8 weight-only linear layers."""
-        base = str(self.dtype).removeprefix("torch.")
         quant = getattr(self.model.config, "pacer_quantization", None)
-        return f"{quant}+{base}" if quant else base
+        return f"{quant}+{self.dtype_name}" if quant else self.dtype_name
 
     def end_ids(self) -> set[int]:
         """End-of-sequence ids: the tokenizer's and the generation config's (instruct models often list
@@ -262,6 +267,10 @@ class GgufModel(LoadedModel):
     @property
     def weights(self) -> str:
         return f"gguf:{self.extra.get('file_type', 'unknown')}"
+
+    @property
+    def dtype_name(self) -> str:
+        return self.weights  # the GGUF file's own types (``--dtype`` does not apply)
 
     def end_ids(self) -> set[int]:
         ids = self.model.end_tokens()

@@ -258,7 +258,7 @@ def _load_decoder(args: argparse.Namespace):
         dec = Decoder(*tiny_pair("close"), threads=args.threads, draft_vocab=args.draft_vocab)
         return dec, "tiny-close-target", "tiny-close-draft", "float32"
     dec = load_decoder(args)
-    return dec, args.target, args.draft, dec.target_info.weights.split("+")[-1]  # the dtype --dtype auto chose
+    return dec, args.target, args.draft, dec.target_info.dtype_name  # the dtype --dtype auto chose
 
 
 def recheck_lossless(out: Path) -> int:

@@ -91,7 +91,7 @@ def collect(decoder, out_dir: Path, n_prompts: int, max_new_tokens: int = 48, sp
              "source": "mix/1 (pacer.data.mix)", "skip": skip, "temperatures": list(temperatures),
              "backend": decoder.backend}
     if decoder.backend == "transformers":  # the weights' dtype changes the features (--dtype auto may differ)
-        ident["dtype"] = decoder.target_info.weights.split("+")[-1]
+        ident["dtype"] = decoder.target_info.dtype_name
     if manifest_path.exists():
         manifest = read_manifest(manifest_path)
         # collections from before a setting was recorded: the transformers backend, bfloat16

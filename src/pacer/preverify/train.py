@@ -158,11 +158,6 @@ def stop_lengths(block_scores: np.ndarray, m: np.ndarray, block: int, thr: float
     return np.where(bad.any(1), ends[bad.argmax(1)], m).astype(np.int64)
 
 
-def specdec_lengths(token_probs: np.ndarray, m: np.ndarray, thr: float, min_draft: int) -> np.ndarray:
-    """SpecDec++ rule: stop after token i once P(some of d_1..d_i rejected) = 1 - Π σ_j exceeds ``thr``."""
-    return survival_lengths(token_probs, m, thr, min_draft)
-
-
 # --------------------------------------------------------------------------------------------------- training
 def _weights(labels: torch.Tensor, weighted: bool = True) -> torch.Tensor | None:
     if not weighted:
@@ -251,7 +246,7 @@ def _sweep(kind: str, sc: np.ndarray, m: np.ndarray, csum: np.ndarray, block: in
             L = stop_lengths(sc, m, block, thr, min_draft)
             checks = np.ceil(L / block)
         else:
-            L = specdec_lengths(sc, m, thr, min_draft)
+            L = survival_lengths(sc, m, thr, min_draft)  # the SpecDec++ rule
             checks = L
         sp = predicted_speedup(L, csum, costs, checks)
         sims.append((sp, float(thr), float(L.mean())))
