@@ -1,5 +1,6 @@
 """Atomic file writes: a reader never sees a half-written file (temporary file in the same folder, fsync,
-rename); a failed write leaves the old content and no temporary file."""
+rename); a failed write leaves the old content and no temporary file. :func:`check_out_dir` and
+:func:`check_out_file` refuse an output path that cannot be written, before any model work."""
 
 from __future__ import annotations
 
@@ -26,3 +27,48 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
+
+
+def _probe(folder: Path, what: str, shown: str) -> None:
+    """Create ``folder`` (with its parents) and write and remove a probe file there, else a one-line error."""
+    from .errors import PacerError
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".pacer-probe.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        if isinstance(e, (FileExistsError, NotADirectoryError)):
+            reason = "a file stands where a folder is needed"
+        raise PacerError(f"{what} {shown} cannot be written ({reason}); pass a path in a folder you can write "
+                         f"to") from None
+
+
+def check_out_dir(path: str | Path, what: str = "--out") -> Path:
+    """Check, before any model work, that ``path`` can be an output folder: not an existing file, and writable (it
+    is created with its parents, and a probe file is written and removed there). A one-line
+    :class:`~pacer.errors.PacerError` naming ``what`` (the flag or setting) otherwise; returns the path."""
+    from .errors import PacerError
+
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise PacerError(f"{what} {path} is an existing file, not a folder; pass a folder (new or made by pacer)")
+    _probe(p, what, str(path))
+    return p
+
+
+def check_out_file(path: str | Path, what: str = "--out") -> Path:
+    """Check, before any model work, that ``path`` can be written as a file: not an existing folder, and its folder
+    writable (created with its parents, probed as in :func:`check_out_dir`). A one-line
+    :class:`~pacer.errors.PacerError` naming ``what`` otherwise; returns the path."""
+    from .errors import PacerError
+
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise PacerError(f"{what} {path} is an existing folder, not a file; pass a file name")
+    if not p.name:
+        raise PacerError(f"{what} {path!r} names no file; pass a file name")
+    _probe(p.parent, what, str(path))
+    return p
