@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import json
 import os
 import re
 from pathlib import Path
@@ -53,8 +54,9 @@ def test_assemble_right_hash(tmp_path, monkeypatch):
     out = assemble_gguf(spec, home, progress=False)
     assert out == home / "gguf" / "fake-model.gguf"
     assert out.read_bytes() == b"".join(CHUNKS)
-    assert files_under(home) == ["gguf/fake-model.gguf", "gguf/fake-model.gguf.sha256"]
-    assert (home / "gguf" / "fake-model.gguf.sha256").read_text().strip() == spec.sha256
+    assert files_under(home) == ["gguf/fake-model.gguf", "gguf/fake-model.gguf.record.json"]
+    rec = json.loads((home / "gguf" / "fake-model.gguf.record.json").read_text())
+    assert rec["sha256"] == spec.sha256 and rec["size"] == out.stat().st_size
 
     # a second call trusts the verified file and does not read the packages again
     def boom(_spec):
@@ -114,6 +116,85 @@ def test_interrupted_assembly_leaves_nothing(tmp_path, monkeypatch, exc):
     assert files_under(home) == []  # no .gguf, no marker, no temporary file
     monkeypatch.setattr(models.hashlib, "sha256", real)
     assert assemble_gguf(spec, home, progress=False).read_bytes() == b"".join(CHUNKS)
+
+
+BIG = [os.urandom(4000), os.urandom(6000), os.urandom(2345)]  # 49 blocks of 256 bytes (the last one short)
+
+
+def zero_in_place(path: Path, start: int, n: int, keep_mtime: bool = False) -> None:
+    """Zero ``n`` bytes from ``start`` (same size); with ``keep_mtime`` the modification time is put back, as
+    damage that no write recorded (a bad disk, a restored time stamp) would leave it."""
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(start)
+        f.write(bytes(n))
+    if keep_mtime:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.mark.parametrize("keep_mtime", [False, True])
+def test_a_damaged_assembled_gguf_is_reassembled_with_a_note(tmp_path, monkeypatch, capsys, keep_mtime):
+    """Zeroed bytes of the same size (the record intact), a truncation: found on the next use, said in one note,
+    assembled again; the file is then the right one."""
+    monkeypatch.setattr(models, "SAMPLE_SIZE", 256)
+    spec = make_parts(tmp_path / "site", monkeypatch, chunks=BIG)
+    home = tmp_path / "home"
+    out = assemble_gguf(spec, home, progress=False)
+    size = out.stat().st_size
+    for damage in (lambda: zero_in_place(out, 3000, 3000, keep_mtime), lambda: os.truncate(out, size - 10)):
+        damage()
+        capsys.readouterr()
+        assert assemble_gguf(spec, home, progress=False) == out
+        err = capsys.readouterr().err
+        assert "cannot be trusted" in err and "assembling it again" in err and len(err.strip().splitlines()) == 1
+        assert out.read_bytes() == b"".join(BIG)
+
+
+def test_the_sampled_check_leaves_no_block_unchecked(tmp_path, monkeypatch):
+    """The blocks checked on a load are drawn anew each time: a single damaged block anywhere, with the file's
+    size and time unchanged, is found within a few loads (a fixed stride would never see some blocks)."""
+    monkeypatch.setattr(models, "SAMPLE_SIZE", 256)
+    monkeypatch.setattr(models, "SAMPLE_BLOCKS", 6)
+    f = tmp_path / "f.bin"
+    data = b"".join(BIG)
+    f.write_bytes(data)
+    rec = models.file_record(f)
+    assert len(rec["blocks"]) == 49 and rec["sha256"] == hashlib.sha256(data).hexdigest()
+    for block in range(49):
+        f.write_bytes(data)
+        os.utime(f, ns=(rec["mtime_ns"], rec["mtime_ns"]))
+        assert models.check_record(f, rec) == (None, False)
+        pos = block * 256 + 7
+        with open(f, "r+b") as fh:  # one byte changed (zeroing could leave a zero byte as it was)
+            fh.seek(pos)
+            fh.write(bytes([data[pos] ^ 0xFF]))
+        os.utime(f, ns=(rec["mtime_ns"], rec["mtime_ns"]))
+        tries = next((i for i in range(1, 300) if models.check_record(f, rec)[0] is not None), None)
+        assert tries is not None, f"block {block} was never checked"  # P(miss) = (43/49)^300 < 1e-16
+
+
+def test_an_assembled_gguf_is_hashed_whole_after_its_time_changed_or_without_a_record(tmp_path, monkeypatch):
+    """A touched file (same bytes) is hashed whole once, trusted and re-stamped; an older pacer's file with only its
+    ``.sha256`` marker is hashed whole once and recorded; neither is assembled again."""
+    spec = make_parts(tmp_path / "site", monkeypatch, chunks=BIG)
+    home = tmp_path / "home"
+    out = assemble_gguf(spec, home, progress=False)
+    hashed = []
+    real = models.sha256_file
+    monkeypatch.setattr(models, "sha256_file", lambda p, *a: hashed.append(p) or real(p, *a))
+
+    def boom(_spec):
+        raise AssertionError("assembled again")
+
+    monkeypatch.setattr(models, "_chunk_files", boom)
+    os.utime(out, ns=(1, 10**18))
+    assert assemble_gguf(spec, home, progress=False) == out and hashed == [out]
+    assert assemble_gguf(spec, home, progress=False) == out and hashed == [out]  # re-stamped: sampled only now
+    models.gguf_record_path(out).unlink()
+    (home / "gguf" / "fake-model.gguf.sha256").write_text(spec.sha256 + "\n")  # what pacer wrote before
+    assert assemble_gguf(spec, home, progress=False) == out
+    assert files_under(home) == ["gguf/fake-model.gguf", "gguf/fake-model.gguf.record.json"]
+    assert json.loads(models.gguf_record_path(out).read_text())["sha256"] == spec.sha256
 
 
 def test_missing_package_names_setup(tmp_path, monkeypatch):
@@ -250,6 +331,23 @@ def test_broken_files_give_a_pacer_error(tmp_path, monkeypatch):
         load_model(str(broken), "float32")
 
 
+@pytest.mark.parametrize("keep", [0.999, 0.5, 0.01])
+def test_a_truncated_gguf_says_so(tmp_path, monkeypatch, keep):
+    """A GGUF cut short (where the reader fails on a reshape, a dtype view or a struct) is one line that says it
+    is truncated or corrupted and what to do, not the reader's own error; nothing is cached."""
+    from pacer.tiny import save_tiny_gguf
+
+    monkeypatch.setenv("PACER_HOME", str(tmp_path / "home"))
+    t, _ = tiny_pair()
+    whole = save_tiny_gguf(t.model, t.tokenizer, tmp_path / "whole.gguf").read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[: int(len(whole) * keep)])
+    with pytest.raises(PacerError, match="is truncated or corrupted .*; re-assemble it") as e:
+        load_model(str(cut), "float32")
+    assert "\n" not in str(e.value)
+    assert files_under(tmp_path / "home" / "models") == []
+
+
 # ------------------------------------------------------------------------------------- verified caches
 def fake_dequantize(calls: list):
     """Stands in for GGUF dequantization: saves the tiny target (what a conversion of a tiny GGUF would be)."""
@@ -299,6 +397,25 @@ def test_a_damaged_converted_cache_is_never_loaded(tmp_path, monkeypatch, capsys
         assert len(calls) == n
         assert "cannot be trusted" in capsys.readouterr().err
         assert torch.equal(logits(lm), ref)
+
+
+def test_an_older_manifest_is_checked_whole_once_and_upgraded(tmp_path):
+    """A cache made by an older pacer (one evenly sampled hash per file) is hashed whole once and its manifest
+    rewritten with per-block hashes; damage to it is found by that whole hash."""
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    (folder / "a.bin").write_bytes(os.urandom(5000))
+    (folder / "b.json").write_text("{}")
+    old = {n: {"size": (folder / n).stat().st_size, "sha256": hashlib.sha256((folder / n).read_bytes()).hexdigest(),
+               "sampled": "x"} for n in ("a.bin", "b.json")}
+    (folder / models.MANIFEST).write_text(json.dumps({"format": "pacer-model-cache", "version": 1, "files": old}))
+    assert models.check_manifest(folder) is None
+    doc = json.loads((folder / models.MANIFEST).read_text())
+    assert doc["version"] == 2 and all("blocks" in f and "mtime_ns" in f for f in doc["files"].values())
+    assert models.check_manifest(folder) is None
+    (folder / models.MANIFEST).write_text(json.dumps({"format": "pacer-model-cache", "version": 1, "files": old}))
+    zero_in_place(folder / "a.bin", 100, 50, keep_mtime=True)
+    assert models.check_manifest(folder) == "a.bin does not match its hash"
 
 
 def test_a_killed_conversion_leaves_nothing_behind_after_the_next_run(tmp_path, monkeypatch):

