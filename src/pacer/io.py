@@ -30,25 +30,29 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def _probe(folder: Path, what: str, shown: str) -> None:
-    """Create ``folder`` (with its parents) and write and remove a probe file there, else a one-line error."""
+    """Write and remove a probe file in ``folder`` or, while it does not exist, in its nearest existing parent
+    (nothing is created), else a one-line error."""
     from .errors import PacerError
 
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        if not folder.is_dir():
+            raise NotADirectoryError(f"{folder} is a file")
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".pacer-probe.", suffix=".tmp")
         os.close(fd)
         os.unlink(tmp)
     except OSError as e:
         reason = e.strerror or type(e).__name__
         if isinstance(e, (FileExistsError, NotADirectoryError)):
-            reason = "a file stands where a folder is needed"
+            reason = f"{folder} is a file, not a folder"
         raise PacerError(f"{what} {shown} cannot be written ({reason}); pass a path in a folder you can write "
                          f"to") from None
 
 
 def check_out_dir(path: str | Path, what: str = "--out") -> Path:
-    """Check, before any model work, that ``path`` can be an output folder: not an existing file, and writable (it
-    is created with its parents, and a probe file is written and removed there). A one-line
+    """Check, before any model work, that ``path`` can be an output folder: not an existing file, and writable (a
+    probe file is written and removed in it or, while it does not exist, its nearest existing parent). A one-line
     :class:`~pacer.errors.PacerError` naming ``what`` (the flag or setting) otherwise; returns the path."""
     from .errors import PacerError
 
@@ -61,8 +65,8 @@ def check_out_dir(path: str | Path, what: str = "--out") -> Path:
 
 def check_out_file(path: str | Path, what: str = "--out") -> Path:
     """Check, before any model work, that ``path`` can be written as a file: not an existing folder, and its folder
-    writable (created with its parents, probed as in :func:`check_out_dir`). A one-line
-    :class:`~pacer.errors.PacerError` naming ``what`` otherwise; returns the path."""
+    writable (probed as in :func:`check_out_dir`). A one-line :class:`~pacer.errors.PacerError` naming ``what``
+    otherwise; returns the path."""
     from .errors import PacerError
 
     p = Path(path).expanduser()
