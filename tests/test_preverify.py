@@ -271,6 +271,87 @@ def test_train_and_tune_bad_input_is_one_line(tmp_path, capsys, argv, needle):
     assert not (tmp_path / "m.json").exists()
 
 
+def test_resumed_collect_recollects_a_damaged_shard_and_train_refuses_one(tmp_path, close, monkeypatch, capsys):
+    """Every shard is recorded (size, sha256, prompts) when written: a resumed collect finds one cut short, zeroed
+    in place or missing, says so in one note and collects its prompts again (the same rows); train refuses a
+    damaged or missing shard in one line naming it."""
+    import pacer.data.mix as mix
+
+    pools = {c: [mix.TrainingPrompt(f"question {c} {i}: say something", c, "test") for i in range(3)]
+             for c in mix.CATEGORIES}
+    monkeypatch.setattr(mix, "candidate_pools", lambda: pools)
+    monkeypatch.setattr(mix, "benchmark_texts", lambda: ["a benchmark question"])
+    spec = FeatureSpec((-2, -1), 64, 6)
+    out = tmp_path / "data"
+
+    def run():
+        return collect(close, out, n_prompts=4, max_new_tokens=10, spec=spec, shard_size=2, progress=False,
+                       temperatures=(0.0, 1.0))
+
+    m = run()
+    assert sorted(m["shard_records"]) == m["shards"] and m["shard_records"][m["shards"][1]]["prompts"] == [2, 4]
+    shard = out / m["shards"][1]
+    good = {k: v.clone() for k, v in load_file(str(shard)).items()}  # not a view of the file (damaged below)
+    size = shard.stat().st_size
+
+    def zero():
+        with open(shard, "r+b") as f:
+            f.seek(size // 2)
+            f.write(bytes(64))
+
+    for damage, word in ((lambda: shard.write_bytes(shard.read_bytes()[:5000]), "damaged"), (zero, "damaged"),
+                         (shard.unlink, "missing")):
+        damage()
+        with pytest.raises(PacerError, match=f"shard {shard} is {word} .*collect it again") as e:
+            load_dataset(out)
+        assert "\n" not in str(e.value)
+        capsys.readouterr()
+        m2 = run()
+        err = capsys.readouterr().err
+        assert f"note: shard {shard} is {word}" in err and "collecting its prompts 2..3 again" in err
+        assert len(err.strip().splitlines()) == 1
+        again = {k: v.clone() for k, v in load_file(str(shard)).items()}
+        assert {k: v for k, v in again.items() if k != "round"}.keys() == {k for k in good if k != "round"}
+        for k in good:
+            if k != "round":
+                assert torch.equal(again[k], good[k]), k
+        assert m2["tokens"] == m["tokens"] and m2["prompts_done"] == 4 and m2["shards"] == m["shards"]
+        assert load_dataset(out)[1]["prompts_done"] == 4
+    capsys.readouterr()
+    run()
+    assert "note" not in capsys.readouterr().err  # sound shards: nothing collected again
+
+
+def test_train_refuses_an_older_collections_unreadable_shard(tmp_path):
+    data = synthetic_collection(tmp_path / "data", rounds=20)  # no shard records: as an older pacer wrote it
+    shard = data / "shard-00000.safetensors"
+    shard.write_bytes(shard.read_bytes()[:5000])
+    with pytest.raises(PacerError, match=f"shard {shard} is damaged \\(it is not a readable safetensors file"):
+        train(data, None, "pacer", log=None)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["collect", "--out", "{tmp}/file", "--target", "{tmp}/none"], "--out {tmp}/file is an existing file"),
+    (["collect", "--out", "/proc/nope/x", "--target", "{tmp}/none"], "--out /proc/nope/x cannot be written"),
+    (["collect", "--out", "{tmp}/file/x", "--target", "{tmp}/none"], "{tmp}/file is a file, not a folder"),
+    (["train", "--data", "{tmp}/data", "--out", "/proc/nope/x"], "--out /proc/nope/x cannot be written"),
+    (["train", "--data", "{tmp}/data", "--out", "{tmp}/file"], "--out {tmp}/file is an existing file"),
+    (["tune", "--measure-costs", "/proc/nope/c.json", "--target", "{tmp}/none"],
+     "--measure-costs /proc/nope/c.json cannot be written"),
+    (["tune", "--measure-costs", "{tmp}", "--target", "{tmp}/none"], "--measure-costs {tmp} is an existing folder"),
+])
+def test_output_paths_are_checked_before_any_model_loads(tmp_path, capsys, argv, needle):
+    """(``--target`` names no model: had a model been loaded first, the error would say so instead.)"""
+    from pacer.cli import main
+
+    (tmp_path / "file").write_text("x")
+    synthetic_collection(tmp_path / "data", rounds=20)
+    rc = main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("pacer: error: ") and needle.replace("{tmp}", str(tmp_path)) in err, err
+
+
 def test_train_refuses_layers_that_were_not_recorded(tmp_path):
     data = synthetic_collection(tmp_path / "data", rounds=20)
     with pytest.raises(PacerError, match="--layers 5: not recorded"):

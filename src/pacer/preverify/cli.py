@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..args import add_model_args
 from ..errors import PacerError
+from ..io import check_out_dir, check_out_file
 
 
 def _layers(text: str) -> tuple[int, ...]:
@@ -48,6 +49,7 @@ def cmd_collect(args) -> int:
 
     if args.n <= 0 or args.max_new_tokens <= 0 or args.max_draft <= 0:
         raise PacerError("--n, --max-new-tokens and --max-draft must be >= 1")
+    check_out_dir(args.out)  # before any model loads
     dec = load_decoder(args)
     info = dec.draft_info
     layers = args.layers if args.layers is not None else ((-1,) if info.backend == "llamacpp" else (-13, -1))
@@ -72,6 +74,7 @@ def cmd_collect(args) -> int:
 def cmd_train(args) -> int:
     from .train import train
 
+    check_out_dir(args.out)
     costs = read_costs(args.costs) if args.costs else None
     cfg = train(Path(args.data), Path(args.out), args.kind, args.block, args.epochs, args.seed, args.val_frac,
                 costs, args.min_draft, args.d, args.layers)
@@ -93,6 +96,7 @@ def cmd_tune(args) -> int:
         raise PacerError("pacer tune --checkpoint needs --costs FILE or --measure-costs FILE")
     costs = read_costs(args.costs) if args.checkpoint and not args.measure_costs else None
     if args.measure_costs:
+        check_out_file(args.measure_costs, "--measure-costs")  # before any model loads
         from ..args import load_decoder
         from ..io import atomic_write_text
 

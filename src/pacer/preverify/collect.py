@@ -9,13 +9,17 @@ labels cover greedy and sampling mode; every token row records its temperature a
 
 Output folder: ``shard-00000.safetensors, ...`` (one per ``shard_size`` prompts) and ``manifest.json`` naming the
 model fingerprints, the feature spec, the seed, the temperatures, the prompt mix's report (candidates, benchmark
-overlaps dropped), the prompts done and the shards. Each shard and the manifest are written atomically after a shard
-completes, so an interrupted run resumes at the next unfinished shard.
+overlaps dropped), the prompts done and the shards, each with its size, sha256 and the prompts it holds
+(``shard_records``). Each shard and the manifest are written atomically after a shard completes, so an interrupted run
+resumes at the next unfinished shard; a resumed run first checks every shard it has, and collects a damaged or
+missing one again (with a note); ``pacer train`` refuses one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,17 +106,25 @@ def collect(decoder, out_dir: Path, n_prompts: int, max_new_tokens: int = 48, sp
         manifest = {**ident, "shards": [], "prompts_done": 0, "tokens": 0, "rounds": 0, "seconds": 0.0}
     rows = decoder.draft_rows(decoder.draft_vocab)  # the draft's vocabulary changes its features: say which
     manifest.setdefault("draft_vocab", 0 if rows is None else len(rows))
+    records = manifest.setdefault("shard_records", {})
+    damaged = [(name, problem) for name in manifest["shards"]
+               if (problem := shard_problem(out_dir, name, records.get(name))) is not None]
+    for name, problem in damaged:
+        if not isinstance(records.get(name), dict) or "prompts" not in records[name]:
+            raise PacerError(f"{out_dir / name} is damaged ({problem}) and this collection (made by an older pacer) "
+                             f"does not record which prompts it holds; collect again into a new --out folder")
     room = decoder.target.context - max_new_tokens - spec.max_draft - 2  # the prompt plus a full answer must fit
-    prompts, report = load_prompts(decoder, n_prompts + skip, seed, min(384, room))
+    prompts, report = load_prompts(decoder, max(n_prompts, manifest["prompts_done"]) + skip, seed, min(384, room))
     prompts = prompts[skip:]
     manifest["mix"] = report
     rec = Recorder(spec=spec)
     rec.round_id = manifest["rounds"]  # round ids stay unique across resumed runs
     done = manifest["prompts_done"]
-    bar = tqdm(total=len(prompts), initial=done, desc="collect", unit="prompt", disable=not progress)
-    while done < len(prompts):
+    bar = tqdm(total=max(len(prompts), done), initial=done, desc="collect", unit="prompt", disable=not progress)
+
+    def run(batch: range, name: str) -> None:
+        """Decode the prompts of ``batch`` and write them as shard ``name`` (and the manifest)."""
         t0 = time.perf_counter()
-        batch = range(done, min(done + shard_size, len(prompts)))
         for pid in batch:
             ids, category = prompts[pid]
             rec.prompt_id = pid
@@ -121,17 +133,64 @@ def collect(decoder, out_dir: Path, n_prompts: int, max_new_tokens: int = 48, sp
             decoder.generate(ids, "sd", max_new_tokens, sampling=sampling, policy=rec)
             bar.update(1)
         data = rec.take()
-        name = f"shard-{len(manifest['shards']):05d}.safetensors"
-        atomic_write_bytes(out_dir / name, save({k: v.contiguous() for k, v in data.items()}))
-        done = batch.stop
-        manifest["shards"].append(name)
-        manifest["prompts_done"] = done
-        manifest["tokens"] += int(data["accepted"].numel()) if data else 0
+        blob = save({k: v.contiguous() for k, v in data.items()})
+        atomic_write_bytes(out_dir / name, blob)
+        tokens = int(data["accepted"].numel()) if data else 0
+        old = records.get(name)
+        manifest["tokens"] += tokens - (old["tokens"] if isinstance(old, dict) and "tokens" in old else 0)
+        records[name] = {"size": len(blob), "sha256": hashlib.sha256(blob).hexdigest(),
+                         "prompts": [batch.start, batch.stop], "tokens": tokens}
         manifest["rounds"] = rec.round_id
         manifest["seconds"] += time.perf_counter() - t0
         atomic_write_text(manifest_path, json.dumps(manifest, indent=2) + "\n")
+
+    for name, problem in damaged:
+        lo, hi = records[name]["prompts"]
+        state = "missing" if problem == "it is missing" else f"damaged ({problem})"
+        tqdm.write(f"pacer: note: shard {out_dir / name} is {state}; collecting its prompts {lo}..{hi - 1} again",
+                   file=sys.stderr)
+        bar.total += hi - lo  # the re-collected prompts count on the bar too
+        run(range(lo, hi), name)
+    while done < len(prompts):
+        batch = range(done, min(done + shard_size, len(prompts)))
+        name = f"shard-{len(manifest['shards']):05d}.safetensors"
+        manifest["shards"].append(name)
+        manifest["prompts_done"] = batch.stop
+        run(batch, name)
+        done = batch.stop
     bar.close()
     return manifest
+
+
+def shard_problem(folder: Path, name: str, record: dict | None) -> str | None:
+    """``None`` when shard ``name`` of the collection in ``folder`` is there and matches its ``record`` (size and
+    sha256, written with it); else what is wrong, in a few words. A shard of an older pacer (no record) must at
+    least read as a safetensors file."""
+    path = folder / name
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return "it is missing"
+    except OSError as e:
+        return f"it cannot be read: {e.strerror or e}"
+    if not isinstance(record, dict):
+        try:
+            load_file(str(path))
+        except Exception as e:  # safetensors raises its own error types for a cut or garbled file
+            return f"it is not a readable safetensors file: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        return None
+    if size != record.get("size"):
+        return f"it has {size} bytes, not {record.get('size')}"
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 22):
+                h.update(block)
+    except OSError as e:
+        return f"it cannot be read: {e.strerror or e}"
+    if h.hexdigest() != record.get("sha256"):
+        return "it does not match the sha256 recorded when it was written"
+    return None
 
 
 def read_manifest(path: Path) -> dict:
@@ -176,10 +235,22 @@ def load_dataset(folder: Path | str) -> tuple[dict[str, torch.Tensor], dict]:
         if not mpath.exists():
             raise PacerError(f"{f} has no manifest.json; run `pacer collect --out {f}` first")
         manifest = read_manifest(mpath)
-        parts = [load_file(str(f / s)) for s in manifest["shards"]]
+        records = manifest.get("shard_records") if isinstance(manifest.get("shard_records"), dict) else {}
+        parts = []
+        for s in manifest["shards"]:
+            problem = shard_problem(f, str(s), records.get(s))
+            if problem is not None:
+                raise PacerError(f"shard {f / str(s)} is {'missing' if problem == 'it is missing' else 'damaged'} "
+                                 f"({problem}); run pacer collect with the same settings and --out {f} to collect "
+                                 f"it again")
+            parts.append(load_file(str(f / s)))
         if not parts:
             raise PacerError(f"{f} holds no data shards yet")
-        datas.append({k: torch.cat([p[k] for p in parts]) for k in parts[0]})
+        try:
+            datas.append({k: torch.cat([p[k] for p in parts]) for k in parts[0]})
+        except (KeyError, RuntimeError) as e:
+            raise PacerError(f"the shards of {f} do not fit together ({e}); collect again into a new --out "
+                             f"folder") from None
         manifests.append(manifest)
     first = manifests[0]
     for f, m in zip(folders[1:], manifests[1:], strict=True):
