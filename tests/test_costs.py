@@ -306,12 +306,27 @@ def test_cpu_identity_names_the_isa():
     assert line == "X (family 25, model 1), AVX2, PyTorch kernels AVX2, ATEN_CPU_CAPABILITY=avx2"
 
 
-def test_candidate_branches_only_ride_on_the_flat_part_of_the_curve():
+def test_candidate_branches_pay_like_draft_tokens():
+    """Branch tokens are scored only where their expected accepted tokens beat their priced cost: none after a
+    round that drafted nothing, none on a curve where a scored token costs a forward, none where the tree kernel
+    is dear or the branches never yield; on a flat curve with a useful yield, the flat part."""
     from pacer.decoding import Draft
 
-    assert CostAwarePolicy(FixedPolicy(gamma=4), LINEAR).branch_room(0) == 0
-    flat = CostAwarePolicy(FixedPolicy(gamma=4), FLAT).branch_room(0)
-    assert flat >= 8  # FLAT: c_t(17) is 1.1 c_t(1), within 5% up to k = 9
+    def room(costs, yield_=None, drafted=3):
+        pol = CostAwarePolicy(FixedPolicy(gamma=4), costs)
+        if yield_ is not None:  # 100 branch tokens read, yield_ of each accepted
+            pol.memory.branch_update(100, int(100 * yield_))
+        pol.S, pol.spent = [0.9, 0.8, 0.7][:drafted], drafted * costs.draft
+        return pol.branch_room(drafted)
+
+    assert room(FLAT, drafted=0) == 0
+    assert room(LINEAR) == 0
+    assert room(FLAT) >= 8  # FLAT: c_t(17) is 1.1 c_t(1)
+    assert room(FLAT, yield_=0.0) == 0  # branches that never yield stop being scored
+    dear_tree = Costs(FLAT.draft, FLAT.target, tree={k: 2 * FLAT.target_cost(k) for k in (2, 4, 8, 17)})
+    assert room(dear_tree) == 0  # a masked forward taking a kernel twice as dear
+    steep_after_8 = Costs(0.03, {1: 0.3, 2: 0.3, 8: 0.31, 9: 0.6, 17: 1.2})
+    assert 1 <= room(steep_after_8) <= 8 - 4  # only up to the end of the flat part (k = 4 + b <= 8)
     assert FixedPolicy(gamma=4).branch_room(3) > 1000  # no cost model: unbounded
     d = Draft([1, 2], None, DraftState(), branches=[[3, 4, 5], [6, 7, 8]])
     ids, tree = d.tree_inputs([0], room=3, total=4)

@@ -27,6 +27,7 @@ from .decoding import (
     autoregressive_generate,
     speculative_generate,
 )
+from .decoding.meter import DRAFT, TARGET, metered
 from .errors import PacerError
 from .policies import DraftPolicy
 from .sampling import SamplingConfig
@@ -90,7 +91,7 @@ class Decoder:
             if choose_draft_quant(draft) == "int8":
                 q.quantize_int8(draft.model)
         self.backend = target.backend
-        self.target: ModelBackend = target.open()
+        self.target: ModelBackend = metered(target.open(), TARGET)  # its forwards go to a generation's ledger
         self.vocab = target.vocab_size
         self.eos = models.eos_ids(target)
         if self.tokenizer is not None:
@@ -210,7 +211,7 @@ class Decoder:
         """A fresh backend (its own cache) on the draft model, scoring vocabulary ``rows`` (``None``: all)."""
         if self.draft_info is None:
             raise PacerError("this method needs a draft model")
-        return self.draft_info.open(rows)
+        return metered(self.draft_info.open(rows), DRAFT)
 
     def make_policy(self, method: str, gamma: int | None = None, min_draft: int | None = None,
                     max_draft: int | None = None, cost_aware: bool | None = None,

@@ -44,16 +44,17 @@ class Costs:
     target: dict[int, float]
     policy_per_check: float = 0.0
     draft_prefill: float = 0.0
+    #: ``c_tree(k)``: a target forward over ``k`` tokens with a tree mask (candidate branches), where measured;
+    #: empty: priced as a chain
+    tree: dict[int, float] = field(default_factory=dict)
 
     def target_cost(self, k: int) -> float:
         """``c_t(k)``: linear between measured points, proportional to ``k`` beyond the last one."""
-        ks = sorted(self.target)
-        if k <= ks[0]:
-            return self.target[ks[0]]
-        for a, b in zip(ks, ks[1:], strict=False):
-            if a <= k <= b:
-                return self.target[a] + (self.target[b] - self.target[a]) * (k - a) / (b - a)
-        return self.target[ks[-1]] * k / ks[-1]
+        return interpolate(self.target, k)
+
+    def tree_cost(self, k: int) -> float:
+        """``c_tree(k)``: a tree forward over ``k`` tokens (never below the chain's ``c_t(k)``)."""
+        return max(interpolate(self.tree, k), self.target_cost(k)) if self.tree else self.target_cost(k)
 
     def monotone(self) -> Costs:
         """The same costs with ``c_t`` made non-decreasing in ``k`` by isotonic regression (pool adjacent
@@ -68,20 +69,41 @@ class Costs:
                 blocks[-1][1] += count
         values = [b[0] / b[1] for b in blocks for _ in range(int(b[1]))]
         return Costs(self.draft, dict(zip(sorted(self.target), values, strict=True)), self.policy_per_check,
-                     self.draft_prefill)
+                     self.draft_prefill, dict(self.tree))
 
     def scaled(self, draft: float, target: float) -> Costs:
         return Costs(self.draft * draft, {k: v * target for k, v in self.target.items()}, self.policy_per_check,
-                     self.draft_prefill * draft)
+                     self.draft_prefill * draft, {k: v * target for k, v in self.tree.items()})
 
     def to_dict(self) -> dict:
-        return {"draft": self.draft, "target": {str(k): v for k, v in sorted(self.target.items())},
-                "policy_per_check": self.policy_per_check, "draft_prefill": self.draft_prefill}
+        d = {"draft": self.draft, "target": {str(k): v for k, v in sorted(self.target.items())},
+             "policy_per_check": self.policy_per_check, "draft_prefill": self.draft_prefill}
+        if self.tree:
+            d["tree"] = {str(k): v for k, v in sorted(self.tree.items())}
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> Costs:
         return cls(float(d["draft"]), {int(k): float(v) for k, v in d["target"].items()},
-                   float(d.get("policy_per_check", 0.0)), float(d.get("draft_prefill", 0.0)))
+                   float(d.get("policy_per_check", 0.0)), float(d.get("draft_prefill", 0.0)),
+                   {int(k): float(v) for k, v in (d.get("tree") or {}).items()})
+
+    def problems(self) -> list[str]:
+        """What makes these costs unusable (empty: none): every value finite, ``c_t`` and ``c_d`` positive,
+        prefill costs non-negative."""
+        bad = []
+        for name, curve in (("target", self.target), ("tree", self.tree)):
+            for k, v in curve.items():
+                if not (isinstance(k, int) and k >= 1 and math.isfinite(v) and v > 0):
+                    bad.append(f"{name} cost at k={k} is {v}")
+        if not self.target:
+            bad.append("no target costs")
+        if not (math.isfinite(self.draft) and self.draft > 0):
+            bad.append(f"draft cost is {self.draft}")
+        for name, v in (("draft prefill", self.draft_prefill), ("policy check", self.policy_per_check)):
+            if not (math.isfinite(v) and v >= 0):
+                bad.append(f"{name} cost is {v}")
+        return bad
 
     def curve(self, ks: tuple[int, ...] = (1, 2, 4, 8, 16)) -> str:
         """One line: ``c_t(k)`` in ms for a few ``k`` and ``c_d``."""
@@ -91,6 +113,18 @@ class Costs:
     def verification_growth(self, k: int = 8) -> float:
         """``c_t(k) / c_t(1)``: ~1 where verifying a block is nearly free, ~``k`` where it costs ``k`` forwards."""
         return self.target_cost(k) / self.target_cost(1)
+
+
+def interpolate(curve: dict[int, float], k: int) -> float:
+    """A cost curve at ``k``: linear between measured points, proportional to ``k`` beyond the last one, the
+    first point below it."""
+    ks = sorted(curve)
+    if k <= ks[0]:
+        return curve[ks[0]]
+    for a, b in zip(ks, ks[1:], strict=False):
+        if a <= k <= b:
+            return curve[a] + (curve[b] - curve[a]) * (k - a) / (b - a)
+    return curve[ks[-1]] * k / ks[-1]
 
 
 def gain_pays(S: list[float], S_next: float, costs: Costs, spent: float | None = None, free: bool = False) -> bool:
@@ -183,6 +217,21 @@ class CostMemory:
         for j in range(2, i + 1):
             a = (self.hits[j] - self.prior * self.alpha0 + self.prior * a) / self.trials[j]
         return a
+
+    #: prior of :meth:`branch_yield`: accepted tokens per branch token offered, weight in tokens
+    BRANCH_PRIOR, BRANCH_WEIGHT = 0.25, 8.0
+    branch_offered = 0.0
+    branch_gained = 0.0
+
+    def branch_yield(self) -> float:
+        """Accepted tokens per candidate-branch token the target scored in rounds whose whole draft survived
+        (shrunk towards :attr:`BRANCH_PRIOR`)."""
+        return (self.branch_gained + self.BRANCH_PRIOR * self.BRANCH_WEIGHT) / \
+            (self.branch_offered + self.BRANCH_WEIGHT)
+
+    def branch_update(self, offered: int, gained: int) -> None:
+        self.branch_offered += offered
+        self.branch_gained += gained
 
     def update(self, raw: list[float | None], drafted: int, accepted: int) -> None:
         self.calibrator.update(raw[:drafted], accepted)
@@ -291,22 +340,35 @@ class CostAwarePolicy(DraftPolicy):
         return go
 
     def branch_room(self, drafted: int) -> int:
-        """Candidate branches ride along only where scoring them is nearly free: at most the ``b`` extra tokens
-        whose mean marginal cost ``(c_t(γ + 1 + b) - c_t(γ + 1)) / b`` stays within ``BRANCH_SLACK · c_t(1)``
-        (none where verification costs ``∝ k``)."""
-        k, c1 = drafted + 1, self.costs.target_cost(1)
-        b = 0
-        while b < 32 and self.costs.target_cost(k + b + 1) - self.costs.target_cost(k) <= \
-                self.BRANCH_SLACK * (b + 1) * c1:
-            b += 1
-        return min(b, self.inner.branch_room(drafted))
+        """Candidate-branch tokens (Ouroboros) pay like draft tokens: the ``b`` that maximises the round's expected
+        throughput ``(E_γ + S_γ · y · b) / (T_γ + c_tree(γ + 1 + b) - c_t(γ + 1))``, where a branch token is
+        only read when all ``γ`` draft tokens survive (``S_γ``) and then yields ``y`` accepted tokens (learned
+        from the verdicts, :meth:`CostMemory.branch_yield`); 0 when no ``b`` beats none (where verification costs
+        ``∝ k``, or a tree forward takes a dearer kernel). Nothing drafted: no branches."""
+        if drafted <= 0:
+            return 0
+        cap = min(self.inner.branch_room(drafted), self.MAX_BRANCH)
+        S = self.S[:drafted] + [self.S[-1] if self.S else 1.0] * (drafted - len(self.S))
+        E = 1.0 + sum(S)
+        k = drafted + 1
+        base = self.costs.target_cost(k)
+        T = max(self.spent, drafted * (self.costs.draft + self.costs.policy_per_check)) + base
+        gain = S[-1] * self.memory.branch_yield()
+        best, best_rate = 0, E / T
+        for b in range(1, cap + 1):
+            rate = (E + gain * b) / (T + self.costs.tree_cost(k + b) - base)
+            if rate > best_rate:
+                best, best_rate = b, rate
+        return best
 
-    #: the most a candidate-branch token may add to a verification, as a fraction of one target forward
-    BRANCH_SLACK = 0.1
+    #: the most candidate-branch tokens one verification may score
+    MAX_BRANCH = 16
 
     def update(self, state: DraftState, result: RoundResult) -> None:
         self.inner.update(state, result)
         γ, n = result.drafted, result.accepted
+        if result.branched and n == γ:  # the branches were read: what they yielded
+            self.memory.branch_update(result.branched, result.extended)
         self.rounds += 1
         self.zero_rounds += γ == 0
         if γ:

@@ -44,6 +44,7 @@ rollback a plain crop.
 from __future__ import annotations
 
 import json
+import time
 import weakref
 from collections import Counter, OrderedDict
 from pathlib import Path
@@ -263,8 +264,12 @@ class PhraseDrafter(TokenDrafter):
         self._seen = 0
 
     # ----------------------------------------------------------------------------------------------- pool
-    def _learn(self, seq: list[int], source: str, **kw) -> None:
+    def _learn(self, seq: list[int], source: str, first_cont: int | None = None, **kw) -> None:
+        """Add ``seq``'s n-grams from ``source`` (if used); a ``first_cont`` learns a partial tail (lookahead,
+        verify)."""
         if source in self.sources:
+            if first_cont is not None:
+                kw.update(first_cont=first_cont, partial=True)
             self.pool.add_sequence(seq, source, **kw)
 
     def _sync(self, tokens: list[int]) -> None:
@@ -283,27 +288,44 @@ class PhraseDrafter(TokenDrafter):
         self._seen = 0
 
     def propose(self, tokens, policy, budget, sampling, gen, remaining: int = 0) -> Draft:
-        self._sync(tokens)
+        """A round that drafts nothing does no pool work and proposes no branches (the pool catches up with the
+        committed tokens at the next round that drafts: :func:`learn_committed` is incremental)."""
+        self._pool_seconds = 0.0
         if not sampling.greedy or not self.phrases:
             draft = super().propose(tokens, policy, budget, sampling, gen, remaining)
+            if draft.tokens:
+                self._timed(self._sync, tokens)
         else:
             draft = self._propose_phrases(tokens, policy, budget, remaining)
         self.counts["rounds"] += 1
         self.counts["draft_tokens"] += len(draft.tokens)
         self.counts["draft_forwards"] += draft.forwards
-        if sampling.greedy and self.candidates:
-            self._add_candidates(tokens, draft)
+        if sampling.greedy and self.candidates and draft.tokens:
+            self._timed(self._add_candidates, tokens, draft)
+        draft.pool_time = self._pool_seconds
         self._last = draft
         return draft
+
+    def _timed(self, fn, *args):
+        """``fn(*args)``, its seconds counted as pool work (``Draft.pool_time``)."""
+        t = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self._pool_seconds += time.perf_counter() - t
 
     def _propose_phrases(self, tokens, policy, budget, remaining: int = 0) -> Draft:
         p = Proposal(policy, budget, len(tokens) - self.backend.length - 1, remaining)  # greedy only
         self._leftover = []
+        synced = False
         while p.ask():
+            if not synced:  # the first token of the round pays: the pool learns what was committed since
+                self._timed(self._sync, tokens)
+                synced = True
             ctx = tokens + p.state.tokens
             pending = ctx[self.backend.length :]
             room = budget - p.n  # tokens this forward may still add (its phrase tokens + the draft's own)
-            found = self.pool.lookup(ctx, 1) if room > 1 else []
+            found = self._timed(self.pool.lookup, ctx, 1) if room > 1 else []
             key, phrase = found[0] if found else ((), ())
             phrase = list(phrase[: room - 1])
             start = self.backend.length + len(pending)  # cache length once pending is in
@@ -331,7 +353,7 @@ class PhraseDrafter(TokenDrafter):
                 if k < len(phrase):
                     # Jacobi iterate: the draft's argmax at every position from the first disagreement on
                     tail = (ctx + phrase[:k])[-self.pool.key_len :]
-                    self._learn(tail + guess[k:], "lookahead", first_cont=len(tail), partial=True)
+                    self._timed(self._learn, tail + guess[k:], "lookahead", len(tail))
             if kept < len(new):
                 self._leftover = new[kept:]  # agreed by the draft but cut by the policy / budget
                 break

@@ -68,7 +68,8 @@ class RoundResult:
     policy ``needs_soft``), and the round's measured times: ``draft_seconds`` in draft forwards,
     ``verify_seconds`` in the target forward that scored ``scored`` tokens, ``draft_forwards`` draft forwards;
     ``committed``: tokens this round appended to the output (``n + 1`` plus any Ouroboros extension, fewer where the
-    output ended inside the round)."""
+    output ended inside the round); ``branched``: candidate-branch tokens the target scored after ``d_γ`` (a tree),
+    ``extended``: how many of them were accepted (the extension)."""
 
     drafted: int
     accepted: int
@@ -78,6 +79,8 @@ class RoundResult:
     scored: int = 0
     draft_forwards: int = 0
     committed: int = 0
+    branched: int = 0
+    extended: int = 0
 
 
 class DraftPolicy:

@@ -11,14 +11,23 @@
 * **per-position acceptance** - for draft position ``i`` (1-based), accepted / proposed among rounds that drafted
   at least ``i`` tokens (a token after the first rejection counts as not accepted).
 * **tokens/s** - new tokens over wall time of the whole generation (prefill included).
-* **time_draft / time_verify / time_policy** - seconds in draft forwards, target forwards plus the acceptance rule,
-  and the length policy's own work (feature building, the pre-verification layer).
+* **time_draft / time_verify / time_policy / time_pool** - seconds in draft forwards, target forwards plus the
+  acceptance rule, the length policy's own work (feature building, the pre-verification layer, its updates), and
+  a phrase drafter's pool work (lookups, learning, candidate branches).
+* **calls** - every model forward of the generation (:class:`pacer.decoding.meter.Call`: role, new tokens,
+  cached context, tree or chain, seconds); **breakdown** - the wall time split into target prefill, target
+  chain and tree forwards, draft forwards, draft catch-up, policy, pool and the rest of the loop
+  (:func:`pacer.decoding.meter.breakdown`; the parts add up to ``wall_time``).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .decoding.meter import Call
 
 
 @dataclass
@@ -34,7 +43,9 @@ class GenerationStats:
     time_draft: float = 0.0
     time_verify: float = 0.0
     time_policy: float = 0.0
+    time_pool: float = 0.0
     finish_reason: str = ""
+    calls: list[Call] = field(default_factory=list)
 
     def record_round(self, drafted: int, accepted: int) -> None:
         self.target_calls += 1
@@ -86,9 +97,18 @@ class GenerationStats:
     def accepted_count_histogram(self) -> dict[int, int]:
         return dict(sorted(Counter(self.accepted_counts).items()))
 
+    def breakdown(self) -> dict[str, float]:
+        """Seconds by part of the wall time (see the module docstring); the parts add up to ``wall_time``."""
+        from .decoding.meter import breakdown
+
+        return breakdown(self.wall_time, self.calls, self.time_policy, self.time_pool)
+
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "calls"}
+        d["draft_lengths"], d["accepted_counts"] = list(self.draft_lengths), list(self.accepted_counts)
         d.update(
+            calls=[c.to_list() for c in self.calls],
+            breakdown={k: round(v, 6) for k, v in self.breakdown().items()},
             draft_tokens=self.draft_tokens,
             accepted_tokens=self.accepted_tokens,
             tau=round(self.tau, 4),

@@ -31,6 +31,7 @@ from ..sampling import SamplingConfig, acceptance_probs, pick, verify_greedy, ve
 from ..stats import GenerationStats
 from .backend import ModelBackend
 from .drafters import Drafter
+from .meter import recording
 from .output import Output
 
 
@@ -41,15 +42,16 @@ def autoregressive_generate(
     gen = sampling.generator(target.device)  # sampling happens where the target's probabilities are
     target.reset()
     tokens = list(prompt)
-    start = time.perf_counter()
-    while not out.done:
-        t = time.perf_counter()
-        logits, _ = target.forward(tokens[target.length :], keep=1)
-        x = pick(warp(logits[-1], sampling), sampling, gen)
-        stats.time_verify += time.perf_counter() - t
-        stats.record_round(0, 0)
-        tokens += out.extend([x])
-    stats.wall_time = time.perf_counter() - start
+    with recording(stats.calls):
+        start = time.perf_counter()
+        while not out.done:
+            t = time.perf_counter()
+            logits, _ = target.forward(tokens[target.length :], keep=1)
+            x = pick(warp(logits[-1], sampling), sampling, gen)
+            stats.time_verify += time.perf_counter() - t
+            stats.record_round(0, 0)
+            tokens += out.extend([x])
+        stats.wall_time = time.perf_counter() - start
     return out.ids
 
 
@@ -68,49 +70,55 @@ def speculative_generate(
     drafter.reset()
     policy.reset()
     tokens = list(prompt)
-    start = time.perf_counter()
-    while not out.done:
-        # 1. propose: at most what the policy, the budget (the round's target token is always emitted) and the
-        #    context allow
-        budget = min(policy.max_draft, out.remaining - 1, target.context - len(tokens) - 1)
-        t0 = time.perf_counter()
-        draft = drafter.propose(tokens, policy, max(budget, 0), sampling, gen, remaining=out.remaining)
-        t1 = time.perf_counter()
-        γ = len(draft.tokens)
-        # 2. verify: one target forward over the unseen tokens and d_1..d_γ (greedy: plus candidate branches
-        #    after d_γ, as a tree); p[i] is the target's distribution for d_{i+1} (p[γ]: the bonus token)
-        pending = tokens[target.length :]
-        room = min(out.remaining, target.context - len(tokens)) - 1 - γ if sampling.greedy else 0
-        ids, tree = draft.tree_inputs(pending, room, policy.branch_room(γ))
-        scores, _ = target.forward(ids, tree=tree, keep=len(ids) - len(pending) + 1)
-        logits = scores[: γ + 1]  # row 0 is the last pending token's
-        # 3. accept: greedy - longest matching prefix, then (all γ matched) the longest matching branch,
-        #    plus the target's token; sampling - rejection sampling
-        if sampling.greedy:
-            n, x = verify_greedy(draft.tokens, logits)
-            x = draft.accept_branch(scores, γ + 1, x) if n == γ and draft.branches else x
-            p = None
-        else:
-            p = warp(logits, sampling)
-            n, x = verify_sampling(draft.tokens, draft.q, p, gen)
-        # 4. roll back both caches to the accepted main-draft length (an extension is re-fed next round)
-        keep = len(tokens) + n
-        target.crop(keep)
-        drafter.rollback(keep)
-        t2 = time.perf_counter()
-        drafter.observe(tokens, logits.argmax(-1).tolist(), n)
-        # 5. commit token by token (EOS / stop strings / max_new_tokens inside the block end the output exactly)
-        committed = out.extend(draft.tokens[:n] + draft.extension + [x])
-        tokens += committed
-        stats.record_round(γ + len(draft.extension), n + len(draft.extension))
-        stats.draft_forwards += draft.forwards
-        soft = acceptance_probs(draft.tokens, draft.state.prob, p if p is not None else torch.softmax(logits, -1)) \
-            if policy.needs_soft else []
-        policy.update(draft.state, RoundResult(γ, n, soft, t1 - t0 - draft.policy_time, t2 - t1, len(ids),
-                                               draft.forwards, len(committed)))
-        t3 = time.perf_counter()
-        stats.time_draft += t1 - t0 - draft.policy_time
-        stats.time_policy += draft.policy_time + (t3 - t2)
-        stats.time_verify += t2 - t1
-    stats.wall_time = time.perf_counter() - start
+    with recording(stats.calls):  # every forward below is in stats.calls (the breakdown, the profile clock)
+        start = time.perf_counter()
+        while not out.done:
+            # 1. propose: at most what the policy, the budget (the round's target token is always emitted) and
+            #    the context allow
+            budget = min(policy.max_draft, out.remaining - 1, target.context - len(tokens) - 1)
+            t0 = time.perf_counter()
+            draft = drafter.propose(tokens, policy, max(budget, 0), sampling, gen, remaining=out.remaining)
+            t1 = time.perf_counter()
+            γ = len(draft.tokens)
+            # 2. verify: one target forward over the unseen tokens and d_1..d_γ (greedy: plus candidate branches
+            #    after d_γ, as a tree, where they pay); p[i] is the target's distribution for d_{i+1} (p[γ]: bonus)
+            pending = tokens[target.length :]
+            room = min(out.remaining, target.context - len(tokens)) - 1 - γ if sampling.greedy and γ else 0
+            ids, tree = draft.tree_inputs(pending, room, policy.branch_room(γ) if room > 0 else 0)
+            scores, _ = target.forward(ids, tree=tree, keep=len(ids) - len(pending) + 1)
+            logits = scores[: γ + 1]  # row 0 is the last pending token's
+            # 3. accept: greedy - longest matching prefix, then (all γ matched) the longest matching branch,
+            #    plus the target's token; sampling - rejection sampling
+            if sampling.greedy:
+                n, x = verify_greedy(draft.tokens, logits)
+                x = draft.accept_branch(scores, γ + 1, x) if n == γ and draft.branches else x
+                p = None
+            else:
+                p = warp(logits, sampling)
+                n, x = verify_sampling(draft.tokens, draft.q, p, gen)
+            # 4. roll back both caches to the accepted main-draft length (an extension is re-fed next round)
+            keep = len(tokens) + n
+            target.crop(keep)
+            drafter.rollback(keep)
+            t2 = time.perf_counter()
+            if γ:  # a round that drafted nothing teaches a drafter nothing
+                drafter.observe(tokens, logits.argmax(-1).tolist(), n)
+            t3 = time.perf_counter()
+            # 5. commit token by token (EOS / stop strings / max_new_tokens inside the block end the output exactly)
+            committed = out.extend(draft.tokens[:n] + draft.extension + [x])
+            tokens += committed
+            stats.record_round(γ + len(draft.extension), n + len(draft.extension))
+            stats.draft_forwards += draft.forwards
+            soft = acceptance_probs(draft.tokens, draft.state.prob, p if p is not None else torch.softmax(logits, -1)) \
+                if policy.needs_soft and γ else []
+            branched = sum(len(b) for b in draft.branches)
+            policy.update(draft.state, RoundResult(γ, n, soft, t1 - t0 - draft.policy_time - draft.pool_time,
+                                                   t2 - t1, len(ids), draft.forwards, len(committed), branched,
+                                                   len(draft.extension)))
+            t4 = time.perf_counter()
+            stats.time_draft += t1 - t0 - draft.policy_time - draft.pool_time
+            stats.time_pool += draft.pool_time + (t3 - t2)
+            stats.time_policy += draft.policy_time + (t4 - t3)
+            stats.time_verify += t2 - t1
+        stats.wall_time = time.perf_counter() - start
     return out.ids

@@ -32,6 +32,8 @@ class Draft:
     branches: list[list[int]] = field(default_factory=list)
     extension: list[int] = field(default_factory=list)
     branch: int = -1
+    #: seconds of the drafter's own bookkeeping in this proposal (a phrase pool's lookups and learning)
+    pool_time: float = 0.0
 
     def tree_inputs(self, pending: list[int], room: int, total: int | None = None) -> tuple[list[int], Tree | None]:
         """Target input ``pending + d_1..d_γ + branches`` (each branch cut to ``room`` tokens, none if
