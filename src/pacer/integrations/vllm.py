@@ -1,0 +1,410 @@
+"""pacer's per-row, cost-aware draft length inside vLLM, as a speculative proposer for vLLM's ``custom_class`` hook.
+
+Start vLLM with (docs/vllm.md)::
+
+    --speculative-config '{"method": "custom_class", "model": "pacer.integrations.vllm.PacerProposer",
+                           "num_speculative_tokens": 8}'
+
+**The hook** (vLLM 0.32, ``vllm/v1/spec_decode/custom_class_proposer.py`` and ``propose_draft_token_ids`` of
+``vllm/v1/worker/gpu_model_runner.py``, which the CPU runner inherits): vLLM imports the class named by
+``speculative_config.model``, builds it as ``cls(vllm_config)``, calls ``load_model(target_model)`` once (the CPU
+runner unconditionally) and, after every engine step's bookkeeping, ``propose(sampled_token_ids,
+num_tokens_no_spec, token_ids_cpu, slot_mappings=None)``: ``sampled_token_ids[i]`` the tokens row ``i`` committed
+this step (the accepted draft tokens and one more; empty while the row is still prefilling a chunk),
+``token_ids_cpu[i, :num_tokens_no_spec[i]]`` its whole text so far (prompt and output, this step's tokens included).
+It returns one list of draft token ids per row, each of any length up to ``num_speculative_tokens`` (empty: no
+speculation for that row); vLLM's rejection sampler verifies them, so the output is the target's own. The proposer
+sees token ids only: no request ids, no hidden states, no sampling settings, no notice when a request ends.
+
+**What it does per step.**
+
+* *Rows are requests by their text*: a row's state (its phrase pool, the draft it was last given, its learned
+  acceptance) is stored under a hash of its token prefix and found again next step under the prefix its new tokens
+  extend (:class:`RowMemory`). Identical prefixes in two rows get two states; states not seen for ``max_idle`` calls
+  are dropped (the request ended or was preempted for long).
+* *Acceptance is learned per request*: the tokens a row committed tell how many of its last draft were accepted
+  (:func:`observed_acceptance`); they update the row's :class:`pacer.costs.CostMemory` (its survival calibrator).
+* *Drafts* are prompt lookup, as pacer's ``lookup`` method (:mod:`pacer.methods.lookup`): continuations of the
+  longest matching n-gram in a :class:`pacer.ouroboros.PhrasePool` of the request's prompt and output, each
+  token with the lookup's confidence for its key length (:func:`lookup_draft`); the survival of ``d_1..d_i`` is the
+  product of the confidences, calibrated by the row's memory (:func:`survival`), as pacer's cost-aware rule does.
+* *Lengths* (:func:`allocate`): all rows share one target forward, so the rule is pacer's
+  :func:`pacer.costs.gain_pays` on the batch: a forward scoring ``B`` decoding rows and ``D`` draft tokens yields
+  ``E = B + Σ S`` tokens in ``c_t(B + D)`` seconds; the next draft token with the highest survival is added while it
+  raises ``E / c_t``. For one row this is exactly pacer's single-generation rule for looked-up (free) tokens. Rows
+  therefore get different lengths in one step: a row whose lookup is confident drafts long, one without a match or
+  with a poor record drafts nothing.
+
+**Costs**: a pacer cost profile of the target (``profile``: a JSON file or dict with ``target`` ``{k: seconds}``
+per forward scoring ``k`` tokens, optionally nested under ``costs``; or a :class:`pacer.costs.Costs`), else
+:data:`DEFAULT_COSTS` (nearly flat: each extra scored token 1 % of a forward, verification as on a GPU at small
+batch). Only ratios matter. Settings: class attributes of :class:`PacerProposer` (subclass it to change them),
+overridden by ``vllm_config.additional_config["pacer"]`` (``--additional-config '{"pacer": {...}}'``) and by the
+environment (``PACER_VLLM_PROFILE``, ``PACER_VLLM_LOG``: a JSON-lines file, one line per step with each row's draft
+length).
+
+Nothing here imports vLLM: the pure parts run and are tested without it (tests/test_vllm_proposer.py); vLLM's
+logger (``vllm.pacer``) is used only inside vLLM.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..costs import CostMemory, Costs, gain_pays
+from ..errors import PacerError
+from ..methods.lookup import KEY_CONFIDENCE
+from ..ouroboros import PhrasePool, learn_committed
+
+#: nearly flat verification (each extra scored token costs 1 % of a forward): a GPU at small batch. A CPU target is
+#: far from it (docs/hardware.md): give its profile.
+DEFAULT_COSTS = Costs(draft=0.0, target={1: 1.0, 1024: 1.0 + 1023 * 0.01})
+
+ENV_PROFILE = "PACER_VLLM_PROFILE"
+ENV_LOG = "PACER_VLLM_LOG"
+
+Prefix = tuple[int, bytes]
+
+
+def prefix_key(tokens) -> Prefix:
+    """A row's identity: its length and a 128-bit hash of its token ids (any int sequence or array)."""
+    a = np.ascontiguousarray(tokens, dtype=np.int64)
+    return len(a), hashlib.blake2b(a.tobytes(), digest_size=16).digest()
+
+
+def load_costs(profile: Costs | dict | str | Path | None) -> tuple[Costs, str]:
+    """``(costs, where they came from)``: a :class:`Costs`; a dict with ``target`` (``{k: seconds}``) and optionally
+    ``draft``, ``policy_per_check``, ``draft_prefill``, at the top or under ``costs``; a JSON file holding one; or
+    ``None`` for :data:`DEFAULT_COSTS`."""
+    if profile is None or profile == "":
+        return DEFAULT_COSTS, "default (nearly flat verification)"
+    if isinstance(profile, Costs):
+        return profile, "given"
+    source = "given"
+    if isinstance(profile, str | Path):
+        path = Path(profile)
+        try:
+            profile = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise PacerError(f"cannot read the cost profile {path}: {e}") from e
+        source = str(path)
+    d = profile
+    while isinstance(d, dict) and "target" not in d and isinstance(d.get("costs"), dict):
+        d = d["costs"]
+    if not isinstance(d, dict) or not isinstance(d.get("target"), dict) or not d["target"]:
+        raise PacerError(f"cost profile {source}: no 'target' {{k: seconds}} (at the top or under 'costs')")
+    try:
+        costs = Costs.from_dict({"draft": 0.0, **d})
+    except (TypeError, ValueError) as e:
+        raise PacerError(f"cost profile {source}: {e}") from e
+    if any(v <= 0 for v in costs.target.values()) or any(k < 1 for k in costs.target):
+        raise PacerError(f"cost profile {source}: target costs must be positive, keyed by k >= 1")
+    return costs, source
+
+
+def lookup_draft(pool: PhrasePool, context: list[int], k: int) -> tuple[list[int], list[float]]:
+    """Up to ``k`` looked-up tokens continuing ``context`` (chained: a continuation's end is looked up again), each
+    with the lookup's confidence for the key it matched (:data:`pacer.methods.lookup.KEY_CONFIDENCE`)."""
+    ctx = list(context[-pool.key_len :])
+    tokens: list[int] = []
+    conf: list[float] = []
+    while len(tokens) < k:
+        found = pool.lookup(ctx, 1)
+        if not found:
+            break
+        key, cont = found[0]
+        c = KEY_CONFIDENCE.get(len(key), max(KEY_CONFIDENCE.values()))
+        for x in cont[: k - len(tokens)]:
+            tokens.append(int(x))
+            conf.append(c)
+        ctx = (ctx + list(cont))[-pool.key_len :]
+    return tokens, conf
+
+
+def survival(memory: CostMemory, confidence: list[float]) -> tuple[list[float], list[float]]:
+    """``(raw, S)``: ``raw[i-1]`` the product of the first ``i`` confidences (the lookup policy's survival score),
+    ``S[i-1]`` the probability that ``d_1..d_i`` are all accepted: ``raw`` calibrated by the row's memory, never
+    rising along the draft (as :class:`pacer.costs.CostAwarePolicy` does)."""
+    raw: list[float] = []
+    S: list[float] = []
+    r, prev = 1.0, 1.0
+    for c in confidence:
+        r *= c
+        prev = min(prev, memory.calibrator(r))
+        raw.append(r)
+        S.append(prev)
+    return raw, S
+
+
+def allocate(S_rows: list[list[float]], costs: Costs, decoding: int | None = None) -> list[int]:
+    """Each row's draft length: greedily the next draft token with the highest survival, while
+    :func:`pacer.costs.gain_pays` says it raises the batch's expected tokens per second. ``S_rows[r]``: row ``r``'s
+    ``S_1..S_γ`` (non-increasing); ``decoding``: rows the forward scores one token for anyway (default: all rows).
+
+    The batch as one round for ``gain_pays``: the ``B - 1`` other rows' certain tokens are survivals of 1, so
+    ``E = 1 + (B - 1) + Σ S = B + Σ S`` and ``c_t(n + 1) = c_t(B + D)`` with ``D`` the drafted tokens: the forward that
+    scores every row. Looked-up tokens are free (no draft forward)."""
+    B = len(S_rows) if decoding is None else decoding
+    lengths = [0] * len(S_rows)
+    if B < 1:
+        return lengths
+    S_all = [1.0] * (B - 1)
+    c_p = costs.policy_per_check
+    while True:
+        best, r_best = -1.0, -1
+        for r, S in enumerate(S_rows):
+            if lengths[r] < len(S) and S[lengths[r]] > best:
+                best, r_best = S[lengths[r]], r
+        if r_best < 0 or best <= 0.0:
+            return lengths
+        drafted = len(S_all) - (B - 1)
+        if not gain_pays(S_all, best, costs, spent=drafted * c_p, free=True):
+            return lengths
+        S_all.append(best)
+        lengths[r_best] += 1
+
+
+def observed_acceptance(draft: list[int], committed: list[int]) -> tuple[int, int]:
+    """``(drafted, accepted)`` for a row given ``draft`` last step that then committed ``committed`` (vLLM's
+    ``sampled_token_ids`` row: the accepted draft tokens and one more). The token after the accepted ones differs from
+    the draft's there (greedy: the target's argmax; sampling with one-hot ``q``: drawn from the residual without
+    it), so one equal to it means the scheduler verified fewer tokens than drafted (trimmed to its token budget or
+    the model length): then only the committed ones count as drafted."""
+    m = len(committed)
+    if not draft or m == 0:
+        return 0, 0
+    n = 0
+    while n < min(m - 1, len(draft)) and committed[n] == draft[n]:
+        n += 1
+    if n < len(draft) and n == m - 1 and committed[n] == draft[n]:
+        return n, n  # trimmed: d_{n+1} was not verified
+    return len(draft), n
+
+
+@dataclass
+class RowState:
+    """One request as the proposer knows it: its phrase pool, what it has read of its text, its memory, the draft
+    it was last given (and the raw scores of its tokens) and totals."""
+
+    pool: PhrasePool
+    memory: CostMemory = field(default_factory=CostMemory)
+    seen: int = 0
+    draft: list[int] = field(default_factory=list)
+    raw: list[float] = field(default_factory=list)
+    last_call: int = 0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    def observe(self, committed: list[int]) -> tuple[int, int]:
+        """Learn from the verdict on the last draft (``committed``: the tokens the row committed since)."""
+        drafted, accepted = observed_acceptance(self.draft, committed)
+        if drafted:
+            self.memory.update(list(self.raw[:drafted]), drafted, accepted)
+            self.drafted += drafted
+            self.accepted += accepted
+        self.rounds += bool(committed)
+        self.draft, self.raw = [], []
+        return drafted, accepted
+
+
+class RowMemory:
+    """Row states keyed by their token prefix (:func:`prefix_key`): :meth:`take` the state stored under a row's
+    previous prefix, :meth:`put` it back under the new one. Several states may share a key (identical texts);
+    states idle for more than ``max_idle`` calls are dropped, and the oldest beyond ``capacity``."""
+
+    def __init__(self, capacity: int = 4096, max_idle: int = 512) -> None:
+        self.capacity, self.max_idle = capacity, max_idle
+        self.states: OrderedDict[Prefix, list[RowState]] = OrderedDict()
+        self.size = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def take(self, key: Prefix) -> RowState | None:
+        states = self.states.get(key)
+        if not states:
+            return None
+        state = states.pop()
+        self.size -= 1
+        if not states:
+            del self.states[key]
+        return state
+
+    def put(self, key: Prefix, state: RowState) -> None:
+        self.states.setdefault(key, []).append(state)
+        self.states.move_to_end(key)
+        self.size += 1
+
+    def evict(self, call: int) -> None:
+        while self.states:
+            key, states = next(iter(self.states.items()))
+            if self.size <= self.capacity and all(call - s.last_call <= self.max_idle for s in states):
+                return
+            del self.states[key]
+            self.size -= len(states)
+
+
+@dataclass
+class StepLog:
+    """One :meth:`PacerPlanner.step`: per row the length of its last draft that was verified, how many of those
+    were accepted, the lookup's candidate length and the length decided (``None``: a row without a sampled token)."""
+
+    call: int
+    verified: list[int | None]
+    accepted: list[int | None]
+    candidates: list[int | None]
+    lengths: list[int | None]
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__, seconds=round(self.seconds, 6))
+
+
+class PacerPlanner:
+    """The proposer's logic without vLLM: :meth:`step` takes each row's text and the tokens it committed this step
+    and returns each row's draft. ``k``: the most tokens per row (vLLM's ``num_speculative_tokens``);
+    ``max_len``: the model's length (a draft never runs past it)."""
+
+    def __init__(self, k: int, costs: Costs | None = None, ngram: int = 8, key_len: int = 3,
+                 pool_size: int = 1 << 16, max_len: int | None = None, capacity: int = 4096,
+                 max_idle: int = 512) -> None:
+        if k < 1:
+            raise PacerError(f"num_speculative_tokens must be >= 1 (got {k})")
+        self.k, self.ngram, self.key_len, self.pool_size, self.max_len = k, ngram, key_len, pool_size, max_len
+        self.costs = (costs or DEFAULT_COSTS).monotone()
+        self.rows = RowMemory(capacity, max_idle)
+        self.calls = 0
+        self.last: StepLog | None = None
+
+    def new_state(self) -> RowState:
+        return RowState(PhrasePool(self.ngram, self.pool_size, self.key_len))
+
+    def step(self, rows: list[tuple[Any, list[int]]]) -> list[list[int]]:
+        """``rows[i] = (text, committed)``: row ``i``'s whole token sequence (a list or 1-d array) and the tokens it
+        committed this step (its last ``len(committed)`` tokens; empty: not decoding this step, no draft)."""
+        t0 = time.perf_counter()
+        self.calls += 1
+        n = len(rows)
+        states: list[RowState | None] = [None] * n
+        verified: list[int | None] = [None] * n
+        accepted: list[int | None] = [None] * n
+        contexts: list[list[int]] = [[] for _ in range(n)]
+        for i, (text, committed) in enumerate(rows):
+            if not len(committed):
+                continue
+            arr = np.asarray(text)
+            L, m = len(arr), len(committed)
+            state = self.rows.take(prefix_key(arr[: L - m])) if L > m else None
+            if state is None:
+                state = self.new_state()
+            verified[i], accepted[i] = state.observe([int(x) for x in committed])
+            ctx = arr.tolist()
+            state.seen = learn_committed(state.pool, ctx, state.seen, state.pool.add_sequence)
+            state.last_call = self.calls
+            states[i], contexts[i] = state, ctx
+        drafts: list[list[int]] = [[] for _ in range(n)]
+        candidates: list[int | None] = [None] * n
+        S_rows: list[list[float]] = [[] for _ in range(n)]
+        raws: list[list[float]] = [[] for _ in range(n)]
+        for i, state in enumerate(states):
+            if state is None:
+                continue
+            room = self.k if self.max_len is None else min(self.k, self.max_len - len(contexts[i]) - 1)
+            if room > 0:
+                drafts[i], conf = lookup_draft(state.pool, contexts[i], room)
+                raws[i], S_rows[i] = survival(state.memory, conf)
+            candidates[i] = len(drafts[i])
+        decoding = sum(s is not None for s in states)
+        lengths = allocate(S_rows, self.costs, decoding)
+        out: list[list[int]] = []
+        for i, state in enumerate(states):
+            if state is None:
+                out.append([])
+                continue
+            d = drafts[i][: lengths[i]]
+            state.draft, state.raw = d, raws[i][: lengths[i]]
+            self.rows.put(prefix_key(contexts[i]), state)
+            out.append(d)
+        self.rows.evict(self.calls)
+        self.last = StepLog(self.calls, verified, accepted, candidates,
+                            [None if s is None else len(d) for s, d in zip(states, out, strict=True)],
+                            time.perf_counter() - t0)
+        return out
+
+
+class PacerProposer:
+    """The vLLM ``custom_class`` proposer: ``vllm_config.speculative_config.model =
+    "pacer.integrations.vllm.PacerProposer"``. Settings (class attributes; subclass to change them, or set them in
+    ``--additional-config '{"pacer": {...}}'``; the environment overrides ``profile`` and ``log``)."""
+
+    #: the target's cost profile (a path, a dict or a :class:`Costs`; ``None``: :data:`DEFAULT_COSTS`)
+    profile: Costs | dict | str | None = None
+    #: a JSON-lines file: one line per step with each row's draft length (``None``: none)
+    log: str | None = None
+    #: the lookup's phrase length and longest key (pacer's ``lookup`` defaults)
+    ngram: int = 8
+    key_len: int = 3
+    #: a row state unseen for this many steps is dropped
+    max_idle: int = 512
+
+    SETTINGS = ("profile", "log", "ngram", "key_len", "max_idle")
+
+    def __init__(self, vllm_config) -> None:
+        spec = vllm_config.speculative_config
+        settings = {s: getattr(self, s) for s in self.SETTINGS}
+        extra = getattr(vllm_config, "additional_config", None)
+        if isinstance(extra, dict) and isinstance(extra.get("pacer"), dict):
+            unknown = set(extra["pacer"]) - set(self.SETTINGS)
+            if unknown:
+                raise PacerError(f"additional_config['pacer']: unknown settings {sorted(unknown)} "
+                                 f"(known: {', '.join(self.SETTINGS)})")
+            settings.update(extra["pacer"])
+        settings["profile"] = os.environ.get(ENV_PROFILE) or settings["profile"]
+        settings["log"] = os.environ.get(ENV_LOG) or settings["log"]
+        costs, source = load_costs(settings["profile"])
+        max_len = getattr(getattr(vllm_config, "model_config", None), "max_model_len", None)
+        max_seqs = getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", None) or 256
+        self.k = int(spec.num_speculative_tokens)
+        self.planner = PacerPlanner(self.k, costs, int(settings["ngram"]), int(settings["key_len"]),
+                                    max_len=max_len, capacity=8 * max_seqs, max_idle=int(settings["max_idle"]))
+        self.log_path = Path(settings["log"]) if settings["log"] else None
+        self.logger = _logger()
+        self.logger.info("pacer proposer: up to %d lookup tokens per row, lengths by the cost-aware rule on %s "
+                         "(%s)", self.k, source, self.planner.costs.curve())
+
+    def load_model(self, *args, **kwargs) -> None:
+        """No model of its own (vLLM's CPU runner calls this with the target)."""
+
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec, token_ids_cpu,
+                slot_mappings=None) -> list[list[int]]:
+        rows = [(token_ids_cpu[i, : int(num_tokens_no_spec[i])], sampled)
+                for i, sampled in enumerate(sampled_token_ids)]
+        out = self.planner.step(rows)
+        last = self.planner.last
+        if last is not None:
+            self.logger.debug("pacer step %d: draft lengths %s (candidates %s; last verified %s, accepted %s)",
+                              last.call, last.lengths, last.candidates, last.verified, last.accepted)
+            if self.log_path is not None:
+                with self.log_path.open("a") as f:
+                    f.write(json.dumps(last.to_dict()) + "\n")
+        return out
+
+
+def _logger() -> logging.Logger:
+    """Under vLLM's logger where vLLM runs (``vllm.pacer``: its handlers and level), else a plain one."""
+    try:
+        from vllm.logger import init_logger
+    except ImportError:
+        return logging.getLogger(__name__)
+    return init_logger("vllm.pacer")

@@ -1,0 +1,252 @@
+"""pacer's vLLM proposer without vLLM: prefix keying, per-row acceptance, the batch length rule, the n-gram lookup,
+and the ``propose`` contract driven the way vLLM's model runner drives it (tests/test_vllm_engine.py runs it in
+vLLM's real engine)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from pacer.costs import CostMemory, Costs, gain_pays
+from pacer.errors import PacerError
+from pacer.integrations.vllm import (
+    DEFAULT_COSTS,
+    PacerPlanner,
+    PacerProposer,
+    RowMemory,
+    RowState,
+    allocate,
+    load_costs,
+    lookup_draft,
+    observed_acceptance,
+    prefix_key,
+    survival,
+)
+from pacer.methods.lookup import KEY_CONFIDENCE
+from pacer.ouroboros import PhrasePool
+
+#: verification nearly free / growing like k (a CPU: nothing pays) / in between
+FLAT = Costs(draft=0.0, target={1: 1.0, 64: 1.0})
+LINEAR = Costs(draft=0.0, target={1: 1.0, 2: 2.0, 64: 64.0})
+SLOPE = Costs(draft=0.0, target={1: 1.0, 65: 1.0 + 64 * 0.1})
+
+
+def test_importing_the_integration_imports_no_vllm():
+    code = "import sys, pacer, pacer.integrations.vllm; sys.exit('vllm' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_prefix_key_is_the_text_whatever_its_container():
+    a = [5, 6, 7, 8]
+    assert prefix_key(a) == prefix_key(np.array(a, dtype=np.int32)) == prefix_key(tuple(a))
+    assert prefix_key(a) != prefix_key(a[:3]) and prefix_key(a) != prefix_key([5, 6, 7, 9])
+
+
+def test_row_memory_finds_a_row_by_its_previous_prefix_and_keeps_identical_texts_apart():
+    rows = RowMemory()
+    s1, s2 = RowState(PhrasePool()), RowState(PhrasePool())
+    rows.put(prefix_key([1, 2, 3]), s1)
+    rows.put(prefix_key([1, 2, 3]), s2)
+    assert len(rows) == 2
+    got = {id(rows.take(prefix_key([1, 2, 3]))), id(rows.take(prefix_key([1, 2, 3])))}
+    assert got == {id(s1), id(s2)} and rows.take(prefix_key([1, 2, 3])) is None and len(rows) == 0
+    # idle states are dropped, fresh ones kept
+    old, new = RowState(PhrasePool(), last_call=1), RowState(PhrasePool(), last_call=100)
+    rows = RowMemory(max_idle=10)
+    rows.put(prefix_key([1]), old)
+    rows.put(prefix_key([2]), new)
+    rows.evict(105)
+    assert rows.take(prefix_key([1])) is None and rows.take(prefix_key([2])) is new
+
+
+def test_observed_acceptance():
+    d = [10, 11, 12, 13]
+    assert observed_acceptance(d, [10, 11, 99]) == (4, 2)  # rejected at d_3
+    assert observed_acceptance(d, [99]) == (4, 0)
+    assert observed_acceptance(d, [10, 11, 12, 13, 7]) == (4, 4)  # all accepted, then the bonus token
+    assert observed_acceptance(d, [10, 11, 12]) == (2, 2)  # the scheduler verified only 2: d_3 was not checked
+    assert observed_acceptance([], [5]) == (0, 0)
+
+
+def test_acceptance_is_learned_per_row():
+    st = RowState(PhrasePool())
+    st.draft, st.raw = [1, 2, 3], [0.9, 0.8, 0.7]
+    assert st.observe([1, 2, 9]) == (3, 2)
+    assert (st.drafted, st.accepted, st.draft) == (3, 2, [])
+    assert st.memory.calibrator.observations == 3
+    other = RowState(PhrasePool())
+    assert other.memory.calibrator.observations == 0
+
+
+def test_lookup_draft_chains_continuations_with_the_key_confidence():
+    pool = PhrasePool(ngram=4, capacity=1000, key_len=3)
+    text = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3]
+    pool.add_sequence(text, "prompt")
+    tokens, conf = lookup_draft(pool, text, 6)
+    assert tokens == [4, 5, 6, 7, 8, 1]
+    assert conf == [KEY_CONFIDENCE[3]] * 6
+    assert lookup_draft(pool, [42], 4) == ([], [])
+    assert lookup_draft(pool, text, 2)[0] == [4, 5]
+
+
+def test_survival_is_the_calibrated_product_and_never_rises():
+    raw, S = survival(CostMemory(), [0.8, 0.5, 0.9])
+    assert raw == pytest.approx([0.8, 0.4, 0.36])
+    assert S == pytest.approx(raw)  # an untrained calibrator trusts the raw score
+    assert all(b <= a for a, b in zip(S, S[1:], strict=False))
+    m = CostMemory()
+    for _ in range(50):  # this row's tokens at raw 0.8 are always rejected
+        m.update([0.8], 1, 0)
+    assert survival(m, [0.8])[1][0] < 0.1
+
+
+def test_allocate_is_gain_pays_for_one_row():
+    S = [0.9, 0.8, 0.5, 0.3, 0.1]
+    for costs in (FLAT, LINEAR, SLOPE, DEFAULT_COSTS):
+        n = 0
+        while n < len(S) and gain_pays(S[:n], S[n], costs, spent=0.0, free=True):
+            n += 1
+        assert allocate([S], costs) == [n]
+    assert allocate([S], FLAT) == [5]
+    assert allocate([S], LINEAR) == [0]  # verification costs a forward per token: no draft pays
+
+
+def test_allocate_gives_rows_different_lengths_in_one_step():
+    rows = [[0.95, 0.9, 0.85, 0.8], [0.4, 0.2], [], [0.9, 0.3, 0.05]]
+    lengths = allocate(rows, SLOPE)
+    assert lengths[2] == 0 and len(set(lengths)) > 2
+    assert lengths[0] > lengths[1] and lengths[0] >= lengths[3]
+    assert allocate(rows, FLAT) == [4, 2, 0, 3]
+    assert allocate(rows, LINEAR) == [0, 0, 0, 0]
+    # more rows decoding in the forward: each draft token competes with a larger batch's rate
+    assert sum(allocate(rows, SLOPE, decoding=16)) <= sum(lengths)
+
+
+def test_load_costs():
+    assert load_costs(None)[0] is DEFAULT_COSTS
+    assert load_costs(SLOPE)[0] is SLOPE
+    c, _ = load_costs({"target": {"1": 0.01, "8": 0.02}, "draft": 0.001})
+    assert c.target == {1: 0.01, 8: 0.02} and c.draft == 0.001
+    c, _ = load_costs({"format": "pacer-profile/1", "costs": {"target": {"1": 0.5}}})
+    assert c.target == {1: 0.5} and c.draft == 0.0
+    with pytest.raises(PacerError, match="target"):
+        load_costs({"draft": 0.1})
+    with pytest.raises(PacerError, match="positive"):
+        load_costs({"target": {"1": 0.0}})
+
+
+def test_load_costs_from_a_file(tmp_path):
+    p = tmp_path / "profile.json"
+    p.write_text(json.dumps({"target": {"1": 0.02, "16": 0.04}}))
+    c, source = load_costs(str(p))
+    assert c.target_cost(16) == 0.04 and source == str(p)
+    with pytest.raises(PacerError, match="cannot read"):
+        load_costs(tmp_path / "missing.json")
+
+
+def _config(k=6, max_len=256, extra=None):
+    return SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
+                           model_config=SimpleNamespace(max_model_len=max_len),
+                           scheduler_config=SimpleNamespace(max_num_seqs=8),
+                           additional_config=extra or {})
+
+
+def _target(seq: list[int], salt: int) -> int:
+    """A greedy 'target' whose next token depends on the last two: its output soon repeats."""
+    return (seq[-1] * 7 + seq[-2] * 3 + salt) % 11
+
+
+def _run(proposer: PacerProposer, prompts: list[list[int]], salts: list[int], max_new: int = 60):
+    """Drive ``propose`` as vLLM's model runner does (token_ids_cpu / num_tokens_no_spec / sampled_token_ids,
+    bookkeeping before proposing) with greedy verification; returns the outputs and each step's draft lengths."""
+    n, max_len = len(prompts), proposer.planner.max_len
+    ids = np.zeros((8, max_len), dtype=np.int32)
+    num = np.zeros(8, dtype=np.int32)
+    for i, p in enumerate(prompts):
+        ids[i, : len(p)] = p
+        num[i] = len(p)
+    drafts: list[list[int]] = [[] for _ in range(n)]
+    out: list[list[int]] = [[] for _ in range(n)]
+    steps = []
+    while min(len(o) for o in out) < max_new:
+        sampled = []
+        for i in range(n):
+            seq = ids[i, : num[i]].tolist()
+            got = []
+            for d in drafts[i]:  # verify: accept while the draft is the target's greedy token
+                t = _target(seq + got, salts[i])
+                if t != d:
+                    break
+                got.append(d)
+            got.append(_target(seq + got, salts[i]))
+            ids[i, num[i] : num[i] + len(got)] = got
+            num[i] += len(got)
+            out[i] += got
+            sampled.append(got)
+        drafts = proposer.propose(sampled, num, ids)
+        assert len(drafts) == n and all(len(d) <= proposer.k for d in drafts)
+        steps.append([len(d) for d in drafts])
+    return [o[:max_new] for o in out], steps
+
+
+def _plain(prompt: list[int], salt: int, max_new: int) -> list[int]:
+    seq = list(prompt)
+    for _ in range(max_new):
+        seq.append(_target(seq, salt))
+    return seq[len(prompt) :]
+
+
+def test_propose_follows_rows_across_steps_learns_and_drafts_ragged(tmp_path):
+    log = tmp_path / "steps.jsonl"
+    proposer = PacerProposer(_config(extra={"pacer": {"profile": {"target": {"1": 1.0, "65": 7.4}},
+                                                      "log": str(log)}}))
+    prompts, salts = [[1, 2, 3], [4, 5, 6, 7], [1, 2, 3]], [1, 2, 1]  # rows 0 and 2: the same text
+    out, steps = _run(proposer, prompts, salts)
+    assert out == [_plain(p, s, 60) for p, s in zip(prompts, salts, strict=True)]
+    assert any(len(set(s)) > 1 for s in steps)  # rows got different lengths in one step
+    assert any(max(s) > 0 for s in steps)
+    assert len(proposer.planner.rows) == 3  # one state per row, the twins kept apart, none leaked
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert len(lines) == len(steps) and lines[-1]["lengths"] == steps[-1]
+    verified = sum(v or 0 for x in lines for v in x["verified"])
+    accepted = sum(a or 0 for x in lines for a in x["accepted"])
+    assert verified > 0 and 0 < accepted <= verified
+
+
+def test_propose_drafts_nothing_where_verification_costs_a_forward_per_token(monkeypatch):
+    monkeypatch.setenv("PACER_VLLM_PROFILE", "")
+    proposer = PacerProposer(_config(extra={"pacer": {"profile": LINEAR.to_dict()}}))
+    _, steps = _run(proposer, [[1, 2, 3], [4, 5, 6, 7]], [1, 2], max_new=30)
+    assert all(max(s) == 0 for s in steps)
+
+
+def test_propose_skips_prefilling_rows_and_stops_at_the_model_length():
+    proposer = PacerProposer(_config(k=8, max_len=16, extra={"pacer": {"profile": FLAT.to_dict()}}))
+    ids = np.zeros((4, 16), dtype=np.int32)
+    text = [1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3]
+    ids[0, :12] = text
+    ids[1, :12] = text
+    num = np.array([12, 12, 0, 0], dtype=np.int32)
+    out = proposer.propose([[3], []], num, ids)
+    assert out[1] == [] and 0 < len(out[0]) <= 16 - 12 - 1
+    assert out[0] == [1, 2, 3][: len(out[0])]
+
+
+def test_settings_are_checked_and_the_environment_wins(tmp_path, monkeypatch):
+    with pytest.raises(PacerError, match="unknown settings"):
+        PacerProposer(_config(extra={"pacer": {"gamma": 3}}))
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps({"target": {"1": 2.0, "2": 4.0}}))
+    monkeypatch.setenv("PACER_VLLM_PROFILE", str(p))
+    proposer = PacerProposer(_config(extra={"pacer": {"profile": FLAT.to_dict()}}))
+    assert proposer.planner.costs.target == {1: 2.0, 2: 4.0}
+
+
+def test_planner_refuses_a_zero_k():
+    with pytest.raises(PacerError):
+        PacerPlanner(0)
