@@ -144,24 +144,46 @@ class PhrasePool:
 
     # ------------------------------------------------------------------------------------------------ files
     def save(self, path: Path | str, vocab: int) -> None:
-        """Write the pool as JSON, atomically (temporary file in the same folder, then rename)."""
+        """Write the pool as JSON, atomically (temporary file in the same folder, then rename); a place that cannot
+        be written is a one-line error."""
         entries = [[list(k), list(c), s] for (k, c), (s, _) in self.entries.items()]
         data = {"format": "pacer-phrase-pool", "version": 1, "vocab": vocab, "ngram": self.ngram,
                 "key_len": self.key_len, "entries": entries}
-        atomic_write_text(Path(path), json.dumps(data, separators=(",", ":")))
+        try:
+            atomic_write_text(Path(path), json.dumps(data, separators=(",", ":")))
+        except OSError as e:
+            raise PacerError(f"cannot write the phrase pool file {path} ({e.strerror or e}); pass a pool_file in a "
+                             f"folder you can write to") from None
 
     def load(self, path: Path | str, vocab: int) -> int:
-        """Add the entries of a saved pool (as made by an earlier generation); returns how many were read."""
+        """Add the entries of a saved pool (as made by an earlier generation); returns how many were read. Anything
+        but such a file (unreadable, not JSON text, another vocabulary, entries of the wrong shape or with ids
+        outside the vocabulary) is a one-line error, and the pool is left as it was."""
         path = Path(path)
         try:
-            data = json.loads(path.read_text())
-            entries = data["entries"]
-            ok = data.get("format") == "pacer-phrase-pool" and data.get("vocab") == vocab
-        except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-            raise PacerError(f"phrase pool file {path} cannot be read ({e}); delete it or pass another") \
-                from e
-        if not ok:
-            raise PacerError(f"phrase pool file {path} was made for another vocabulary (or is no pool file)")
+            data = json.loads(path.read_bytes().decode("utf-8"))
+        except OSError as e:
+            raise PacerError(f"phrase pool file {path} cannot be read ({e.strerror or e}); pass another pool_file") \
+                from None
+        except ValueError as e:  # UnicodeDecodeError, JSONDecodeError
+            raise PacerError(f"phrase pool file {path} cannot be read (not JSON text: {type(e).__name__}); delete "
+                             f"it or pass another pool_file") from None
+        if not isinstance(data, dict) or data.get("format") != "pacer-phrase-pool" \
+                or not isinstance(data.get("entries"), list):
+            raise PacerError(f"phrase pool file {path} cannot be read (not a pacer phrase pool); delete it or pass "
+                             f"another pool_file")
+        if data.get("vocab") != vocab:
+            raise PacerError(f"phrase pool file {path} was made for another vocabulary ({data.get('vocab')} tokens, "
+                             f"not {vocab}); delete it or pass another pool_file")
+
+        def ids(x: object) -> bool:
+            return isinstance(x, list) and all(type(i) is int and 0 <= i < vocab for i in x)
+
+        entries = data["entries"]
+        if not all(isinstance(e, list) and len(e) == 3 and ids(e[0]) and ids(e[1]) and isinstance(e[2], str)
+                   for e in entries):
+            raise PacerError(f"phrase pool file {path} cannot be read (an entry is not [key ids, continuation ids, "
+                             f"source] with ids below {vocab}); delete it or pass another pool_file")
         gen, self.generation = self.generation, self.generation - 1  # loaded entries count as warm
         for k, c, s in entries:
             if s in SOURCES and 1 <= len(k) <= self.key_len and c:
