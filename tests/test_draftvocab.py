@@ -193,3 +193,31 @@ def test_cli_draft_vocab_values(capsys):
     assert parse("auto") == "auto" and parse("0") == 0 and parse("32768") == 32768
     assert main(["generate", "hi", "--draft-vocab", "lots"]) == 2
     assert "--draft-vocab must be auto or a number of tokens" in capsys.readouterr().err
+
+
+class WordIds:
+    """A tokenizer stand-in whose texts are their token ids, space-separated."""
+
+    def __call__(self, texts, add_special_tokens=False):
+        return {"input_ids": [[int(w) for w in t.split()] for t in texts]}
+
+
+def test_frequent_ids_break_ties_by_the_lower_id():
+    """Ties at the cut keep the lower ids, whatever order the corpus first shows them in."""
+    texts = ["9 7 5 3 3", "8 3 6"]  # 3 three times; 9, 8, 7, 6, 5 once each, the higher ones seen first
+    assert frequent_ids(WordIds(), 3, texts) == [3, 5, 6]
+    assert frequent_ids(WordIds(), 3, texts, always=[1]) == [1, 3, 5]
+    assert frequent_ids(WordIds(), 8, texts, vocab=12) == [0, 1, 3, 5, 6, 7, 8, 9]  # filled up from the lowest
+
+
+def test_a_cached_draft_vocabulary_of_the_wrong_size_is_counted_again(close, tmp_path, monkeypatch):
+    import pacer.draftvocab as dv
+
+    monkeypatch.setattr(dv, "sharegpt_texts", lambda conversations=0: ["hello there, general kenobi"] * 4)
+    rows = load_or_build(close, 40, home=tmp_path)
+    (path,) = (tmp_path / "draft-vocab").glob("*.json")
+    doc = json.loads(path.read_text())
+    for ids in (doc["ids"][:-1], doc["ids"] + [doc["ids"][-1] + 1], []):
+        path.write_text(json.dumps({**doc, "ids": ids}))
+        again = load_or_build(close, 40, home=tmp_path)
+        assert torch.equal(again, rows) and json.loads(path.read_text())["ids"] == rows.tolist()

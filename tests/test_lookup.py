@@ -100,3 +100,12 @@ def test_the_cost_rule_drafts_confident_lookups_where_a_prior_would_not():
         assert out == plain.ids
         drafted[key_len] = stats.draft_tokens
     assert drafted[1] == 0 and drafted[3] > 20
+
+
+def test_one_round_looks_up_again_after_the_text_it_drafted():
+    """A continuation shorter than the round's budget is followed by another lookup keyed by the end of the text as
+    drafted so far (prompt + the first continuation), not by the same key again."""
+    tokens = list(range(10, 40)) + [10, 11, 12]
+    d = LookupDrafter(64, ngram=8, key_len=3)
+    draft = d.propose(tokens, LookupPolicy(gamma=16), 16, SamplingConfig(), None)
+    assert draft.tokens == list(range(13, 29))  # 13..20 found after (10, 11, 12), then 21..28 after (18, 19, 20)

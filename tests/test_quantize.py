@@ -24,6 +24,23 @@ def test_int8_linear_is_close_to_the_float_layer():
     assert 0 < err < 0.02  # quantized (not a copy), and close
 
 
+def test_int8_weights_are_rounded_to_the_nearest_step():
+    """Each weight is the nearest multiple of its row's step ``s = max |w_row| / 127``: off by at most ``s / 2``
+    (truncating towards zero would be off by up to ``s``), so a layer's output is off by at most
+    ``|x| · s / 2`` summed over its inputs."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 48)
+    q = Int8Linear(lin)
+    w = lin.weight.detach()
+    step = q.scale.float()[:, None]
+    err = (w - q.q.float() * step).abs()
+    assert (err <= step / 2 * (1 + 1e-5)).all(), (err / step).max()
+    assert (err / step).max() > 0.45  # a real rounding (64 weights a row reach near the half step)
+    x = torch.randn(5, 64)
+    bound = x.abs() @ (step / 2).expand(48, 64).T
+    assert ((q(x) - lin(x)).abs() <= bound * (1 + 1e-4) + 1e-5).all()
+
+
 @pytest.fixture(scope="module")
 def int8_draft():
     t, d = tiny_pair("close")

@@ -206,7 +206,16 @@ BAD = {
                         "greedy"),
     "prompt too long": (json.dumps({"prompt": "x" * 600}).encode(), "context"),
     "bad stop": (json.dumps({"prompt": "x", "stop": [""]}).encode(), "'stop'"),
+    "five stop strings": (json.dumps({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}).encode(),
+                          "up to 4"),  # OpenAI's limit
 }
+
+
+def test_four_stop_strings_are_taken(server):
+    """OpenAI's limit is 4 stop strings: 4 are taken (5 are refused above)."""
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "hello", "max_tokens": 3, "temperature": 0,
+                                                         "stop": ["\x00a", "\x00b", "\x00c", "\x00d"]})
+    assert r.status_code == 200, r.text
 
 
 @pytest.mark.parametrize("case", list(BAD))
