@@ -239,3 +239,78 @@ def test_near_tie_counts_the_backends_block_noise(dec):
     assert Divergence(3, 1, 2, 0.3, 0.3, 1e-6, noise=0.2).near_tie
     assert not Divergence(3, 1, 2, 0.5, 0.5, 1e-6, noise=0.2).near_tie
     assert not Divergence(3, 1, 2, 0.3, 0.3, 1e-6).near_tie  # transformers: the dtype's steps decide
+
+
+def chain_tree(chain: int, branches: list[int]) -> Tree:
+    """The tree of a chain of ``chain`` tokens followed by branches of the given lengths (each sees the chain)."""
+    n = chain + sum(branches)
+    attend = torch.zeros(n, n, dtype=torch.bool)
+    attend[:, :chain] = True
+    attend[:chain, :chain] = torch.ones(chain, chain, dtype=torch.bool).tril()
+    depth, o = list(range(chain)), chain
+    for k in branches:
+        attend[o : o + k, o : o + k] = torch.ones(k, k, dtype=torch.bool).tril()
+        depth += range(chain, chain + k)
+        o += k
+    return Tree(attend, tuple(depth))
+
+
+def test_the_most_branches_over_two_rounds_leave_nothing_behind(dec):
+    """Two rounds of a chain with MAX_BRANCHES (8) branches: every branch row equals scoring its own path, and
+    after each round no branch sequence holds a cell (the 8th included), so the next round's branches see only
+    the committed text."""
+    from pacer.decoding.llama_backend import MAX_BRANCHES
+
+    ll = lib()
+    be = dec.target
+    ctx = dec.encode(PROMPTS[0])[:5]
+    be.reset()
+    be.forward(ctx)
+    for rnd in range(2):
+        chain = [30 + rnd, 31 + rnd, 32 + rnd]
+        branches = [[40 + 10 * rnd + b, 100 + b, 150 + b] for b in range(MAX_BRANCHES)]
+        got, _ = be.forward(chain + sum(branches, []), tree=chain_tree(3, [3] * MAX_BRANCHES))
+        assert be.length == len(ctx) + 3
+        for s in range(1, 1 + MAX_BRANCHES):
+            assert ll.llama_memory_seq_pos_max(be._mem, s) == -1, f"branch sequence {s} left behind"
+        ref = be.score(ctx + chain)
+        assert torch.allclose(got[:3], ref[len(ctx):], atol=1e-4)
+        for b, branch in enumerate(branches):
+            ref = be.score(ctx + chain + branch)[len(ctx) + 3 :]
+            assert torch.allclose(got[3 + 3 * b : 6 + 3 * b], ref, atol=1e-4), (rnd, b)
+        ctx += chain
+
+
+def test_a_forward_over_several_batches_reads_each_batchs_own_rows(files, monkeypatch):
+    """A forward longer than llama.cpp's batch is fed in batches; every row read (logits and hidden states) is
+    the row of its own batch: the same as one batch, and a 600-token prompt (two batches of 512) the same as two
+    forwards of 300."""
+    import pacer.decoding.llama_backend as lb
+
+    model = LlamaModel(files[0])
+    ids = [(7 * i + 3) % 250 + 3 for i in range(40)]
+    one = LlamaCppBackend(model)
+    ref, ref_h = one.forward(ids, hidden=True)
+    monkeypatch.setattr(lb, "N_BATCH", 16)  # 40 tokens: batches of 16, 16 and 8
+    small = LlamaCppBackend(model)
+    got, got_h = small.forward(ids, hidden=True)
+    assert torch.allclose(got, ref, atol=1e-3) and torch.allclose(got_h[0], ref_h[0], atol=1e-3)
+    last, _ = LlamaCppBackend(model).forward(ids, keep=5)  # the kept rows lie in the last batch
+    assert torch.allclose(last, ref[-5:], atol=1e-3)
+    monkeypatch.undo()
+    long = [(11 * i + 5) % 250 + 3 for i in range(600)]
+    whole, _ = LlamaCppBackend(model, context=1024).forward(long)
+    halves = LlamaCppBackend(model, context=1024)
+    split = torch.cat([halves.forward(long[:300])[0], halves.forward(long[300:])[0]])
+    assert whole.shape == (600, model.n_vocab) and torch.allclose(whole, split, atol=1e-3)
+
+
+def test_scoring_fewer_tokens_than_branch_sequences(dec):
+    """A context of fewer cells than its sequences (1 + MAX_BRANCHES) aborted the process inside llama.cpp; a short
+    text is scored like any other."""
+    be = dec.target
+    ids = dec.encode(PROMPTS[1])
+    be.reset()
+    full, _ = be.forward(ids[:8])
+    for n in (1, 3, 8):
+        assert torch.allclose(be.score(ids[:n]), full[:n], atol=1e-4)

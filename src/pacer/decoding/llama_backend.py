@@ -102,7 +102,7 @@ class LlamaModel:
     def new_context(self, n_ctx: int, n_seq: int = 1):
         ll = self._lib
         p = ll.llama_context_default_params()
-        p.n_ctx = n_ctx
+        p.n_ctx = max(n_ctx, n_seq)  # fewer cells than sequences aborts the process (a GGML_ASSERT on the outputs)
         p.n_batch = p.n_ubatch = N_BATCH
         p.n_seq_max = n_seq
         p.kv_unified = True  # sequences share the cache's cells (a tree's branches see the cached prefix)
