@@ -134,6 +134,8 @@ def test_load_costs():
     assert c.target == {1: 0.01, 8: 0.02} and c.draft == 0.001
     c, _ = load_costs({"format": "pacer-profile/1", "costs": {"target": {"1": 0.5}}})
     assert c.target == {1: 0.5} and c.draft == 0.0
+    c, _ = load_costs({"format": "pacer-calibration/2", "payload": {"costs": {"draft": 0.2, "target": {"1": 0.5}}}})
+    assert c.target == {1: 0.5} and c.draft == 0.2  # pacer's calibration cache file
     with pytest.raises(PacerError, match="target"):
         load_costs({"draft": 0.1})
     with pytest.raises(PacerError, match="positive"):

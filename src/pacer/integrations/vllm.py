@@ -82,10 +82,15 @@ def prefix_key(tokens) -> Prefix:
     return len(a), hashlib.blake2b(a.tobytes(), digest_size=16).digest()
 
 
+#: where a profile's costs may sit: ``{"costs": {...}}`` (a cost profile), ``{"payload": {"costs": {...}}}`` (pacer's
+#: calibration cache file, ``$PACER_HOME/calibration/*.json``)
+NESTED = ("costs", "payload")
+
+
 def load_costs(profile: Costs | dict | str | Path | None) -> tuple[Costs, str]:
     """``(costs, where they came from)``: a :class:`Costs`; a dict with ``target`` (``{k: seconds}``) and optionally
-    ``draft``, ``policy_per_check``, ``draft_prefill``, at the top or under ``costs``; a JSON file holding one; or
-    ``None`` for :data:`DEFAULT_COSTS`."""
+    ``draft``, ``policy_per_check``, ``draft_prefill``, at the top or nested under :data:`NESTED` keys (a pacer
+    calibration cache file works as it is); a JSON file holding one; or ``None`` for :data:`DEFAULT_COSTS`."""
     if profile is None or profile == "":
         return DEFAULT_COSTS, "default (nearly flat verification)"
     if isinstance(profile, Costs):
@@ -99,10 +104,14 @@ def load_costs(profile: Costs | dict | str | Path | None) -> tuple[Costs, str]:
             raise PacerError(f"cannot read the cost profile {path}: {e}") from e
         source = str(path)
     d = profile
-    while isinstance(d, dict) and "target" not in d and isinstance(d.get("costs"), dict):
-        d = d["costs"]
+    while isinstance(d, dict) and "target" not in d:
+        inner = [d[k] for k in NESTED if isinstance(d.get(k), dict)]
+        if not inner:
+            break
+        d = inner[0]
     if not isinstance(d, dict) or not isinstance(d.get("target"), dict) or not d["target"]:
-        raise PacerError(f"cost profile {source}: no 'target' {{k: seconds}} (at the top or under 'costs')")
+        raise PacerError(f"cost profile {source}: no 'target' {{k: seconds}} (at the top or under "
+                         f"{' / '.join(repr(k) for k in NESTED)})")
     try:
         costs = Costs.from_dict({"draft": 0.0, **d})
     except (TypeError, ValueError) as e:
