@@ -510,3 +510,51 @@ def test_quick_sampling_mode(tmp_path, capsys):
     assert drawn == 2 and greedy < 2  # the seeded draws, not greedy answers
     assert main([*argv[:-4], "--temperature", "1.0", "--seed", "3", "--resume"]) == 2
     assert "temperature=0.7" in capsys.readouterr().err
+
+
+def test_quick_profile_clock(tmp_path, capsys):
+    """``--costs``: the speedups and tok/s are the profile clock's (forwards priced with the profile plus the run's
+    own overhead), the wall clock's are kept beside them, the own-calibration clock validates the pricing, the
+    breakdown is recorded per turn, and a profile of another pair is refused in one line before anything runs."""
+    from pacer.api import Decoder
+    from pacer.profiles import Profile, pair_of
+    from pacer.tiny import tiny_pair
+
+    dec = Decoder(*tiny_pair("close"), threads=1)
+    backend, t, d = pair_of(dec)
+    slow = 0.05  # a machine whose forwards are far dearer than the tiny model's here: the clock must show it
+    prof = Profile("slow-flat", {"describe": "a slow flat machine", "threads": 1}, backend, "torch", t, d,
+                   {32: dict.fromkeys((1, 2, 4, 8), slow)}, {32: slow / 8}, {32: {1: slow / 10}}, slow / 100)
+    path = tmp_path / "slow.json"
+    prof.save(path)
+    out = tmp_path / "b"
+    argv = ["bench", "--quick", "--n", "2", "--max-new-tokens", "8", "--no-progress", "--out", str(out),
+            "--methods", "ar,sd:gamma=3,ouroboros", "--costs", str(path)]
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["clock"] == "profile"
+    recs, _ = rec_io.read_answers(out / "answers.jsonl")
+    for r in recs:
+        c = r["choices"][0]
+        assert len(c["profile_time"]) == len(c["own_time"]) == len(c["wall_time"]) == len(c["calls"])
+        priced = sum(slow if x[0] == "t" and x[2] > 0 else 0 for turn in c["calls"] for x in turn)
+        assert sum(c["profile_time"]) >= priced  # every target forward at 50 ms at least
+        assert sum(b["rest"] for b in c["breakdown"]) == pytest.approx(
+            sum(c["wall_time"]) - sum(x[4] for turn in c["calls"] for x in turn)
+            - sum(b["policy"] + b["pool"] for b in c["breakdown"]), abs=1e-4)
+    ov = summary["groups"]["overall"]
+    ar = ov["ar"]
+    assert ar["tokens_per_s"] < 1 / slow + 1e-9 and ar["wall_tokens_per_s"] > ar["tokens_per_s"]
+    assert ar["speedup"] == pytest.approx(1.0) and ov["sd:gamma=3"]["wall_speedup"] is not None
+    assert 0 < ov["sd:gamma=3"]["own_over_wall"] and ov["sd:gamma=3"]["overhead_per_round"] > 0
+    report = (out / "report.md").read_text()
+    assert "profile clock" in report and "a slow flat machine" in report and "| wall speedup |" in report
+    # another pair's profile: one line, exit 2, before anything is written
+    other = Profile("other", {}, backend, "torch", {**t, "fingerprint": "x" * 64}, d, {32: {1: 0.1}}, {},
+                    {32: {1: 0.01}})
+    other.save(tmp_path / "other.json")
+    out2 = tmp_path / "b2"
+    assert main(["bench", "--quick", "--n", "2", "--no-progress", "--out", str(out2), "--methods", "ar,sd",
+                 "--costs", str(tmp_path / "other.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "another target model" in err[-1] and "Traceback" not in "\n".join(err)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 import torch
 
@@ -147,6 +148,20 @@ class Decoder:
             self._calibrations[key] = cal
         return self._calibrations[key]
 
+    def use_profile(self, profile) -> list[str]:
+        """Decide with another machine's measured costs (a :class:`pacer.profiles.Profile` of this pair and
+        backend; refused otherwise): the cost-aware rule takes the profile's curve (not refined by this
+        machine's timings). Returns notes on softer differences (the draft's dtype or vocabulary)."""
+        from .profiles import pair_of
+
+        notes = profile.check_pair(*pair_of(self))
+        self._calibrations = {None: Calibration(profile.costs(), source=f"profile {profile.name}")}
+        self._given_costs = True
+        self.profile = profile
+        return notes
+
+    profile = None  #: the cost profile the rule decides with (``use_profile``), or ``None``: this machine's
+
     def draft_rows(self, draft_vocab: int | str | Sequence[int] | torch.Tensor | None) -> torch.Tensor | None:
         """The draft's kept vocabulary rows for a ``draft_vocab`` setting (``None`` for the full vocabulary)."""
         if draft_vocab == "auto":  # resolved once per decoder; a failure is said once and remembered
@@ -237,14 +252,14 @@ class Decoder:
         if not aware:
             return policy
         cal = self.calibration(rows)
-        costs = Costs(cal.costs.draft, cal.costs.target, policy.check_seconds, cal.costs.draft_prefill)
+        costs = replace(cal.costs, policy_per_check=policy.check_seconds)
         # what the rule learned about this method on this pair carries over to its next generation
         size = None if rows is None else len(rows)
         key = "|".join(map(str, (method, sorted(policy_opts.items()), min_draft, max_draft, size)))
         memory = self._cost_memory.setdefault(key, CostMemory())
-        # costs given to the Decoder are taken as they are; measured ones follow the loop's own timings
-        return CostAwarePolicy(policy, costs, source=cal.source, refine=0.0 if cal.source == "given" else 0.2,
-                               memory=memory)
+        # costs given to the Decoder (or a profile's) are taken as they are; measured ones follow the loop's timings
+        return CostAwarePolicy(policy, costs, source=cal.source,
+                               refine=0.2 if cal.source in ("measured", "cache") else 0.0, memory=memory)
 
     def make_drafter(self, method: str, **opts) -> Drafter:
         """The drafter of ``method`` with its drafter options; ``draft_vocab`` (every method) overrides the

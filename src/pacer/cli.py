@@ -26,6 +26,7 @@ from .args import (
 from .bench import cli as bench_cli
 from .errors import PacerError
 from .preverify import cli as preverify_cli
+from .profiles import Profile, clock
 from .serve import cli as serve_cli
 from .streaming import TextStreamer
 
@@ -44,7 +45,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not prompt.strip():
         raise PacerError("the prompt is empty; pass some text (or '-' to read standard input)")
     draft = args.draft if methods.get(args.method).loads_draft else None
+    profile = Profile.load(args.costs) if args.costs else None  # a bad file is refused before any model loads
     dec = load_decoder(args, draft)
+    if profile is not None:
+        for note in dec.use_profile(profile):
+            print(f"pacer: note: {note}", file=sys.stderr)
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
     streamer = None if args.json else TextStreamer(dec.tokenizer, args.stop)
     res = dec.generate(
@@ -52,6 +57,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         stop=args.stop, chat=args.chat, on_tokens=streamer, options=method_options(args),
         cost_aware=cost_aware(args),
     )
+    if profile is not None:
+        seconds = clock(profile, res.stats.wall_time, res.stats.calls)
+        res.extra["profile_clock"] = {"profile": profile.describe(), "seconds": round(seconds, 6),
+                                      "tokens_per_s": round(res.stats.new_tokens / seconds, 4) if seconds > 0 else 0,
+                                      "wall_seconds": round(res.stats.wall_time, 6)}
     if args.json:
         print(json.dumps(res.to_dict()))
     else:
@@ -60,6 +70,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(res.stats.summary(), file=sys.stderr)
         if "cost_aware" in res.extra:
             print(cost_note(res.extra["cost_aware"]), file=sys.stderr)
+        if profile is not None:
+            pc = res.extra["profile_clock"]
+            print(f"[profile clock] {pc['seconds']:.2f}s = {pc['tokens_per_s']:.2f} tok/s on {pc['profile']} "
+                  f"(every forward priced with the profile, this run's own overhead as measured here; wall clock "
+                  f"here {res.stats.wall_time:.2f}s)", file=sys.stderr)
     return 0
 
 
@@ -171,11 +186,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    """Re-measure this machine's forward costs for a pair, cache them, print the curve (and plot it)."""
+    """Re-measure this machine's forward costs for a pair, cache them, print the curve (and plot it); with
+    ``--export FILE`` also measure and write this machine's cost profile (:mod:`pacer.profiles`)."""
     from .calibration import describe_cpu
+    from .io import check_out_file
 
     if args.plot and not args.plot.lower().endswith(".png"):
         raise PacerError(f"--plot takes a .png file name, got '{args.plot}'")
+    for flag, path in (("--plot", args.plot), ("--export", args.export)):
+        if path:
+            check_out_file(path, flag)
+    contexts = _contexts(args.contexts)
     dec = load_decoder(args)
     cal = dec.calibration(dec.draft_rows(dec.draft_vocab), refresh=True)
     if args.json:
@@ -200,7 +221,30 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
         plot(cal, args.plot, describe_cpu())
         print(f"plot: {args.plot}", file=sys.stderr)
+    if args.export:
+        from . import profiles
+
+        def say(msg: str) -> None:
+            print(f"pacer: profiling: {msg}", file=sys.stderr)
+
+        prof = profiles.measure(dec, contexts, say=say)
+        prof.name = args.profile_name or profiles.default_name(prof)
+        prof.save(args.export)
+        c1 = {c: row[1] for c, row in prof.target_cost.items()}
+        print(f"profile {prof.name} written to {args.export}: c_t(1) by context "
+              + ", ".join(f"{c}: {v * 1e3:.0f} ms" for c, v in c1.items())
+              + f"; c_t(8)/c_t(1) at {min(c1)}: {prof.target_cost[min(c1)][8] / c1[min(c1)]:.2f}")
     return 0
+
+
+def _contexts(text: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        out = ()
+    if not out or any(c < 1 for c in out):
+        raise PacerError(f"--contexts takes comma-separated token counts >= 1, e.g. 32,512,2048; got '{text}'")
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -210,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text from a prompt")
     g.add_argument("prompt", help="the prompt, or - to read standard input")
     g.add_argument("--json", action="store_true", help="print one JSON object with text, token_ids and stats")
+    g.add_argument("--costs", default=None, metavar="PROFILE.json",
+                   help="decide and clock with another machine's cost profile (docs/profiles/; pacer calibrate "
+                        "--export): the profile clock is printed beside the wall clock")
     add_model_args(g)
     add_decoding_args(g)
     g.set_defaults(func=cmd_generate)
@@ -223,6 +270,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(c)
     c.add_argument("--plot", default=None, metavar="FILE.png", help="also plot the cost curve")
     c.add_argument("--json", action="store_true", help="print the calibration as JSON")
+    c.add_argument("--export", default=None, metavar="FILE.json",
+                   help="also measure this machine's cost profile (c_t(k) at several contexts, tree forwards, draft "
+                        "curve, prefill) and write it to FILE (for --costs on any machine)")
+    c.add_argument("--contexts", default="32,512,2048", help="contexts the profile measures at (--export)")
+    c.add_argument("--profile-name", default=None, help="the profile's name (default CPU-BACKEND-DTYPE)")
     c.set_defaults(func=cmd_calibrate)
     bench_cli.register(sub)
     preverify_cli.register(sub)

@@ -69,6 +69,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "then rebuild the report")
     p.add_argument("--quick", action="store_true", help="CI smoke: tiny random models, built-in questions")
     p.add_argument("--skip-failing", action="store_true", help="drop methods that fail their warm-up")
+    p.add_argument("--costs", type=Path, default=None, metavar="PROFILE.json",
+                   help="the profile clock: decide with this cost profile (docs/profiles/, pacer calibrate --export) "
+                        "and price every forward with it plus this run's own overhead; the report shows it beside "
+                        "the wall clock")
+    p.add_argument("--own-profile", type=Path, default=None, metavar="PROFILE.json",
+                   help="this machine's own profile for the validation clock (default: its calibration)")
+    p.add_argument("--no-anchor", dest="anchor", action="store_false",
+                   help="do not run llama.cpp's plain decoding of a GGUF target beside a transformers-backend run")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     add_model_args(p)
 
@@ -228,6 +236,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise PacerError(f"--temperature {args.temperature}: {', '.join(greedy_only)} decode(s) greedily only (the "
                          f"oracle drafts against ar's greedy answer); drop them from --methods or use --temperature 0")
     questions = load_questions(args)
+    from ..profiles import Profile
+
+    args.profile = Profile.load(args.costs) if args.costs else None  # refused before any model loads
+    args.own = Profile.load(args.own_profile) if args.own_profile else None
     if out.exists() and not out.is_dir():
         raise PacerError(f"--out {out} exists and is not a folder")
     previous = _read_meta(out)
@@ -328,6 +340,18 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
     if args.resume and previous and args.dtype == "auto" and args.backend == "transformers" and previous.get("dtype"):
         args.dtype = previous["dtype"]  # a resumed run keeps the dtype --dtype auto chose when it started
     dec, target, draft, dtype = _load_decoder(args)
+    profile_notes = dec.use_profile(args.profile) if args.profile is not None else []
+    for note in profile_notes:
+        print(f"pacer bench: note: {note}", file=sys.stderr)
+    decoders = {}
+    if args.anchor and not args.quick and dec.backend == "transformers":
+        anchor = _anchor_decoder(args, dec)
+        if anchor is not None:
+            from .methods import ANCHOR, anchor_spec
+
+            decoders[ANCHOR] = anchor
+            specs = [*specs, anchor_spec()]
+            methods_text += f",{ANCHOR}"
     if not args.quick and dec.backend == "transformers":
         args.dtype = dtype  # the recorded command names the dtype that ran, not "auto" (a rerun elsewhere may differ)
     config = {
@@ -360,7 +384,7 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
             f"processes distort wall times (speedups stay paired per question, but absolute tok/s suffer)")
     log(f"pacer bench: {len(questions)} question(s) x {len(specs)} method(s) x {args.repeats} repeat(s), "
         f"{args.max_new_tokens} new tokens per turn, {dtype}, {dec.threads} threads; warming up ...")
-    specs = warm_up(dec, specs, questions[0], args.max_new_tokens, args.skip_failing, log)
+    specs = warm_up(dec, specs, questions[0], args.max_new_tokens, args.skip_failing, log, decoders)
     labels = [s.label for s in specs]
     now = _dt.datetime.now().isoformat(timespec="seconds")
     load_at_start = None if load is None else round(load, 2)
@@ -392,11 +416,31 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
     }
     if dec.draft_info is not None:
         meta["calibration"] = dec.calibration(dec.draft_rows(dec.draft_vocab)).to_dict()
+    clocks = {}
+    if dec.draft_info is not None:
+        from ..calibration import load_or_measure
+        from ..profiles import Profile
+
+        own = args.own or Profile.from_calibration(load_or_measure(dec, dec.draft_rows(dec.draft_vocab)),
+                                                   "this machine's calibration")
+        clocks["own"] = own
+        meta["own_clock"] = own.describe()
+        meta["c_t1"] = own.c1()
+        if args.profile is not None:
+            clocks["profile"] = args.profile
+            meta["profile_clock"] = {"profile": args.profile.describe(), "file": str(args.costs),
+                                     "machine": args.profile.machine.get("describe"), "notes": profile_notes,
+                                     "c_t1": args.profile.c1()}
+    if not args.quick:
+        flat = _kernel_flag(clocks.get("own"))
+        if flat:
+            meta["kernel_note"] = flat
     atomic_write_text(out / "run.json", json.dumps(meta, indent=2) + "\n")
     from ..sampling import SamplingConfig
 
     sampling = SamplingConfig(args.temperature, seed=args.seed) if args.temperature > 0 else None
-    bench = Bench(dec, specs, questions, out, args.max_new_tokens, args.repeats, args.progress, sampling)
+    bench = Bench(dec, specs, questions, out, args.max_new_tokens, args.repeats, args.progress, sampling, clocks,
+                  decoders)
     total, finished = bench.units()
     if finished:
         log(f"pacer bench: resuming, {finished}/{total} runs already in {out / 'answers.jsonl'}")
@@ -413,6 +457,38 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
     summary = _report(out, labels, meta)
     _print_summary(summary, out)
     return 0
+
+
+def _anchor_decoder(args: argparse.Namespace, dec):
+    """llama.cpp's plain decoding of the same GGUF target (the user's real anchor), or ``None`` where the target
+    is no GGUF file or llama-cpp-python is not installed."""
+    from ..models import resolve_backend
+
+    try:
+        if resolve_backend("auto", args.target) != "llamacpp":  # a GGUF target and llama-cpp-python installed
+            return None
+        from ..api import Decoder
+
+        return Decoder.from_pretrained(args.target, None, threads=args.threads, backend="llamacpp",
+                                       progress=args.progress, draft_vocab=None)
+    except (PacerError, ImportError) as e:
+        print(f"pacer bench: note: no llama.cpp anchor ({e})", file=sys.stderr)
+        return None
+
+
+def _kernel_flag(own) -> str:
+    """A note where plain decoding runs a slower kernel than a two-token forward (``c_t(2) < c_t(1)``)."""
+    if own is None:
+        return ""
+    from ..costs import interpolate
+    from ..profiles import _at_context
+
+    curve = _at_context(own.target_cost, 32)
+    c1, c2 = interpolate(curve, 1), interpolate(curve, 2)
+    if c2 < c1:
+        return (f"plain decoding runs a slower kernel than a two-token forward here (c_t(1) {c1 * 1e3:.0f} ms > "
+                f"c_t(2) {c2 * 1e3:.0f} ms): speedups over `ar` include that")
+    return ""
 
 
 def _print_summary(summary: dict, out: Path) -> None:

@@ -20,6 +20,9 @@ from .. import methods
 from ..errors import PacerError
 
 HF_ASSISTED = "hf-assisted"
+#: the user's real anchor on a transformers-backend run of a GGUF target: llama.cpp's plain decoding of the same
+#: file (the fastest plain decoding on a CPU), run beside ``ar`` (:func:`anchor_spec`)
+ANCHOR = "ar@llamacpp"
 HF_KEYS = {"schedule": "num_assistant_tokens_schedule", "tokens": "num_assistant_tokens",
            "threshold": "assistant_confidence_threshold"}
 HF_SCHEDULES = ("constant", "heuristic", "heuristic_transient")
@@ -58,7 +61,12 @@ class MethodSpec:
 
     @property
     def is_ar(self) -> bool:
-        return self.name == "ar"
+        """The baseline every speedup divides by (the anchor, llama.cpp's plain decoding, is not)."""
+        return self.name == "ar" and not self.is_anchor
+
+    @property
+    def is_anchor(self) -> bool:
+        return self.label == ANCHOR
 
     def generate_kwargs(self) -> dict:
         """Keyword arguments for :meth:`Decoder.generate` (not for ``hf-assisted``)."""
@@ -67,6 +75,10 @@ class MethodSpec:
         if options:
             kw["options"] = options
         return kw
+
+
+def anchor_spec() -> MethodSpec:
+    return MethodSpec("ar", (), ANCHOR)
 
 
 def _option(name: str, key: str) -> methods.Option | None:

@@ -12,6 +12,14 @@ Definitions (per method ``m``, over a group ``G`` of questions - all, one datase
   ``accept_lengths`` follow Spec-Bench (tokens a target call produced, bonus token included: ``n_t + 1``).
 * **acceptance rate** - accepted over drafted tokens, pooled: ``Σ (accept_lengths - 1) / Σ draft_lengths``.
 * **lossless** - records whose token ids equal ``ar``'s for every turn (same question and repeat).
+* **clock** - whose seconds a record's tokens/s divides by: ``wall`` (measured here), ``profile`` (the profile
+  clock of ``--costs``: every forward priced with another machine's measured costs plus this run's own overhead,
+  :mod:`pacer.profiles`) or ``own`` (the same with this machine's calibration: ``own / wall`` checks the
+  pricing). A run with ``--costs`` reports the profile clock as ``speedup``/``tokens_per_s`` and keeps the wall
+  clock's as ``wall_speedup``/``wall_tokens_per_s``.
+* **breakdown** - seconds per round of each part of the wall time (target prefill, chain and tree forwards, draft
+  forwards, draft catch-up, policy, pool, rest: :func:`pacer.decoding.meter.breakdown`); **overhead per round**
+  - policy + pool + rest per round (what is not a forward).
 """
 
 from __future__ import annotations
@@ -26,10 +34,16 @@ def turns(rec: dict) -> dict:
     return rec["choices"][0]
 
 
-def record_tokens_per_s(rec: dict) -> float:
+def seconds(rec: dict, clock: str = "wall") -> float | None:
+    """A record's seconds on ``clock`` (``None``: not priced on it)."""
     c = turns(rec)
-    wall = sum(c["wall_time"])
-    return sum(c["new_tokens"]) / wall if wall > 0 else 0.0
+    t = c.get("wall_time" if clock == "wall" else f"{clock}_time")
+    return None if t is None else sum(t)
+
+
+def record_tokens_per_s(rec: dict, clock: str = "wall") -> float:
+    t = seconds(rec, clock)
+    return sum(turns(rec)["new_tokens"]) / t if t else 0.0
 
 
 def per_turn_accept_lengths(rec: dict) -> list[list[int]]:
@@ -72,15 +86,18 @@ def in_group(rec: dict, group: str) -> bool:
     return str(rec["dataset" if kind == "dataset" else "category"]) == name
 
 
-def method_stats(records: list[dict], method: str, baseline: str = "ar") -> dict:
-    """Aggregate ``method`` over ``records`` (already restricted to one group); see the module docstring."""
-    mine = {(_qkey(r), int(r.get("repeat", 0))): r for r in records if r["method"] == method}
-    base = {(_qkey(r), int(r.get("repeat", 0))): r for r in records if r["method"] == baseline}
+def method_stats(records: list[dict], method: str, baseline: str = "ar", clock: str = "wall") -> dict:
+    """Aggregate ``method`` over ``records`` (already restricted to one group) on ``clock``; see the module
+    docstring."""
+    mine = {(_qkey(r), int(r.get("repeat", 0))): r for r in records if r["method"] == method
+            and seconds(r, clock) is not None}
+    base = {(_qkey(r), int(r.get("repeat", 0))): r for r in records if r["method"] == baseline
+            and seconds(r, clock) is not None}
     paired = sorted(k for k in mine if k in base)
     per_repeat: dict[int, list[tuple[float, float]]] = {}
     ratios = []
     for k in paired:
-        a, b = record_tokens_per_s(mine[k]), record_tokens_per_s(base[k])
+        a, b = record_tokens_per_s(mine[k], clock), record_tokens_per_s(base[k], clock)
         per_repeat.setdefault(k[1], []).append((a, b))
         if b > 0:
             ratios.append(a / b)
@@ -93,19 +110,20 @@ def method_stats(records: list[dict], method: str, baseline: str = "ar") -> dict
     acc: list[int] = []
     dl: list[int] = []
     new_tokens = 0
-    wall = 0.0
+    wall = on_clock = 0.0
     for r in mine.values():
         a, d = rounds_of(r)
         acc += a
         dl += d
         new_tokens += sum(turns(r)["new_tokens"])
-        wall += sum(turns(r)["wall_time"])
+        wall += seconds(r) or 0.0
+        on_clock += seconds(r, clock) or 0.0
     checked = [r for r in mine.values() if r.get("lossless") is not None]
     out = {
         "records": len(mine),
         "questions": len({k[0] for k in mine}),
         "paired": len(paired),
-        "tokens_per_s": statistics.fmean(record_tokens_per_s(r) for r in mine.values()) if mine else None,
+        "tokens_per_s": statistics.fmean(record_tokens_per_s(r, clock) for r in mine.values()) if mine else None,
         "speedup": statistics.fmean(speedups) if speedups else None,
         "speedup_std": statistics.stdev(speedups) if len(speedups) > 1 else 0.0 if speedups else None,
         "speedup_min": min(speedups) if speedups else None,
@@ -120,9 +138,31 @@ def method_stats(records: list[dict], method: str, baseline: str = "ar") -> dict
         "rounds": len(acc),
         "new_tokens": new_tokens,
         "wall_time": wall,
+        "clock_time": on_clock,
         "lossless_checked": len(checked),
         "lossless_identical": sum(1 for r in checked if r["lossless"]),
     }
+    out.update(breakdown_stats(list(mine.values())))
+    return out
+
+
+def breakdown_stats(records: list[dict]) -> dict:
+    """Seconds per round of each part of the wall time, the overhead per round (policy + pool + rest) and, where
+    the records carry them, ``own_over_wall`` (the own-calibration clock over the wall clock, pooled)."""
+    parts: Counter = Counter()
+    rounds = 0
+    for r in records:
+        c = turns(r)
+        for b in c.get("breakdown") or []:
+            parts.update(b)
+        rounds += sum(c.get("target_calls", [])) if c.get("breakdown") else 0
+    out: dict = {}
+    if rounds:
+        out["breakdown_per_round"] = {k: v / rounds for k, v in parts.items()}
+        out["overhead_per_round"] = (parts["policy"] + parts["pool"] + parts["rest"]) / rounds
+    own = [(seconds(r, "own"), seconds(r, "wall")) for r in records if seconds(r, "own") is not None]
+    if own and sum(w for _, w in own) > 0:
+        out["own_over_wall"] = sum(o for o, _ in own) / sum(w for _, w in own)
     return out
 
 
@@ -157,17 +197,31 @@ def divergences(records: list[dict]) -> list[dict]:
     return out
 
 
-def summarize(records: list[dict], methods: list[str] | None = None) -> dict:
-    """Everything the report shows: per group and method stats, draft-length distributions, divergences."""
+def summarize(records: list[dict], methods: list[str] | None = None, clock: str = "wall") -> dict:
+    """Everything the report shows: per group and method stats, draft-length distributions, divergences. With
+    ``clock="profile"`` the speedups and tokens/s are the profile clock's and the wall clock's are kept as
+    ``wall_speedup``, ``wall_tokens_per_s`` and ``wall_median_ratio``."""
     if methods is None:
         methods = list(dict.fromkeys(r["method"] for r in records))
     groups = {}
     for g in group_names(records):
         sub = [r for r in records if in_group(r, g)]
-        groups[g] = {m: method_stats(sub, m) for m in methods if any(r["method"] == m for r in sub)}
+        groups[g] = {}
+        for m in methods:
+            if not any(r["method"] == m for r in sub):
+                continue
+            s = method_stats(sub, m, clock=clock)
+            if clock != "wall":
+                w = method_stats(sub, m)
+                s.update(wall_speedup=w["speedup"], wall_tokens_per_s=w["tokens_per_s"],
+                         wall_median_ratio=w["median_ratio"], wall_records=w["records"])
+                if s["records"] and s["wall_time"]:
+                    s["clock_over_wall"] = s["clock_time"] / s["wall_time"]
+            groups[g][m] = s
     hists = draft_length_histograms(records)
     return {
         "methods": methods,
+        "clock": clock,
         "groups": groups,
         "draft_length_histograms": {m: {str(k): v for k, v in h.items()} for m, h in hists.items()},
         "draft_length_summary": {m: distribution_summary(h) for m, h in hists.items()},

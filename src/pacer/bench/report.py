@@ -115,6 +115,19 @@ def markdown(summary: dict, meta: dict) -> str:
     if cal:
         L.append(f"- calibration ({cal.get('source')}{', noisy' if cal.get('noisy') else ''}): {cal.get('curve')}; "
                  f"{cal.get('verdict')}")
+    pc = meta.get("profile_clock")
+    if pc:
+        L.append(f"- **profile clock** (`--costs {pc.get('file')}`): the speedups and tok/s of the tables price every "
+                 f"forward of this run with the profile {pc.get('profile')} - measured on **{pc.get('machine')}** - "
+                 f"at the run's context, plus this run's own overhead as measured here (wall time minus the "
+                 f"forwards' measured seconds); the cost rule decided with the profile's costs. These are *profile-"
+                 f"clock* figures, not a wall-clock run on that machine; the wall clock's are beside them."
+                 + "".join(f" Note: {n}." for n in pc.get("notes") or []))
+    if meta.get("own_clock"):
+        L.append(f"- validation clock: the same forwards priced with {meta['own_clock']} (*own / wall* below: 1.00 "
+                 f"where the pricing reproduces this machine's wall time)")
+    if meta.get("kernel_note"):
+        L.append(f"- **note**: {meta['kernel_note']}")
     segs = meta.get("segments") or []
     if len(segs) > 1:
         L.append(f"- run in {len(segs)} segments (start, then `--resume`): " + "; ".join(
@@ -162,19 +175,41 @@ def markdown(summary: dict, meta: dict) -> str:
     else:
         L.append("All checked greedy outputs are identical to plain decoding, token for token.\n")
     overall = summary["groups"].get(OVERALL, {})
-    L.append("## Overall\n")
+    profile = summary.get("clock") == "profile"
+    c1 = (pc or {}).get("c_t1") if profile else meta.get("c_t1")
+    L.append("## Overall" + (" (profile clock; wall clock beside it)" if profile else "") + "\n")
     L.append("| method | speedup | spread over repeats (sd, min-max) | median per-question ratio | tok/s "
-             "| τ | acceptance | mean draft | wasted draft / round | questions | lossless |")
-    L.append("|---|---|---|---|---|---|---|---|---|---|---|")
+             + ("| wall speedup | wall tok/s " if profile else "")
+             + "| τ | acceptance | mean draft | wasted draft / round | overhead / round | own / wall | questions "
+               "| lossless |")
+    L.append("|---|---|---|---|---|" + ("---|---|" if profile else "") + "---|---|---|---|---|---|---|---|")
     for m, s in overall.items():
         spread = "-" if s["speedup"] is None or len(s["speedup_per_repeat"]) < 2 else (
             f"±{s['speedup_std']:.2f} ({s['speedup_min']:.2f}-{s['speedup_max']:.2f})")
-        lossless = "baseline" if m == "ar" else f"{s['lossless_identical']}/{s['lossless_checked']}" \
-            if s["lossless_checked"] else "sampled"
+        lossless = "baseline" if m == "ar" else "another backend" if m == "ar@llamacpp" else \
+            f"{s['lossless_identical']}/{s['lossless_checked']}" if s["lossless_checked"] else "sampled"
+        over = s.get("overhead_per_round")
+        over_s = "-" if over is None else f"{over * 1e3:.1f} ms" + (f" ({over / c1:.1%})" if c1 else "")
+        wall = f"{_f(s.get('wall_speedup'))}x | {_f(s.get('wall_tokens_per_s'))} | " if profile else ""
         L.append(f"| {m} | {_f(s['speedup'])}x | {spread} | {_f(s['median_ratio'])}x | "
-                 f"{_f(s['tokens_per_s'])} | {_f(s['tau'])} | {_f(s['acceptance_rate'], '.1%')} | "
-                 f"{_f(s['mean_draft_length'])} | {_f(s.get('wasted_per_round'))} | {s['questions']} | {lossless} |")
+                 f"{_f(s['tokens_per_s'])} | {wall}{_f(s['tau'])} | {_f(s['acceptance_rate'], '.1%')} | "
+                 f"{_f(s['mean_draft_length'])} | {_f(s.get('wasted_per_round'))} | {over_s} | "
+                 f"{_f(s.get('own_over_wall'))} | {s['questions']} | {lossless} |")
     L.append("")
+    if profile and any(s.get("records") == 0 for s in overall.values()):
+        L.append("Methods the profile clock cannot price (hf-assisted runs outside pacer's loop; the llama.cpp anchor "
+                 "runs another backend) are shown on the wall clock only.\n")
+    parts = {m: s["breakdown_per_round"] for m, s in overall.items() if s.get("breakdown_per_round")}
+    if parts:
+        names = list(next(iter(parts.values())))
+        L.append("## Where a round's time goes (wall clock, ms per round" + (", share of c_t(1)" if c1 else "")
+                 + ")\n")
+        L.append("| method | " + " | ".join(n.replace("_", " ") for n in names) + " |")
+        L.append("|---|" + "---|" * len(names))
+        for m, b in parts.items():
+            L.append(f"| {m} | " + " | ".join(f"{b.get(n, 0) * 1e3:.1f}" + (f" ({b.get(n, 0) / c1:.0%})" if c1
+                                                                              else "") for n in names) + " |")
+        L.append("")
     others = [g for g in summary["groups"] if g != OVERALL]
     if others:
         L.append("## Speedup per dataset and category (τ in brackets)\n")
@@ -208,7 +243,8 @@ def markdown(summary: dict, meta: dict) -> str:
 
 def write_report(out: Path, records: list[dict], methods: list[str], meta: dict) -> dict:
     """Write ``summary.json``, ``report.md`` and the plots into ``out``; returns the summary."""
-    summary = summarize(records, [m for m in methods if any(r["method"] == m for r in records)])
+    clock = "profile" if meta.get("profile_clock") else "wall"
+    summary = summarize(records, [m for m in methods if any(r["method"] == m for r in records)], clock)
     summary["meta"] = meta
     summary["records"] = len(records)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")

@@ -36,6 +36,8 @@ class TurnOut:
     draft_forwards: int
     finish_reason: str
     prompt_ids: list[int] = field(default_factory=list)
+    calls: list = field(default_factory=list)  # the forwards (pacer.decoding.meter.Call); none for hf-assisted
+    parts: dict = field(default_factory=dict)  # the wall time's breakdown (GenerationStats.breakdown)
 
 
 def run_turn(dec, spec: MethodSpec, ids: list[int], max_new_tokens: int,
@@ -54,7 +56,8 @@ def run_turn(dec, spec: MethodSpec, ids: list[int], max_new_tokens: int,
     res = dec.generate(ids, spec.name, max_new_tokens, **kwargs)
     st = res.stats
     return TurnOut(list(res.token_ids), res.text, st.wall_time, [n + 1 for n in st.accepted_counts],
-                   list(st.draft_lengths), st.target_calls, st.draft_forwards, st.finish_reason, list(ids))
+                   list(st.draft_lengths), st.target_calls, st.draft_forwards, st.finish_reason, list(ids),
+                   list(st.calls), st.breakdown())
 
 
 def turn_sampling(sampling: SamplingConfig | None, q: Question, repeat: int, turn: int) -> SamplingConfig | None:
@@ -150,6 +153,9 @@ def make_record(q: Question, spec: MethodSpec, repeat: int, outs: list[TurnOut])
             "draft_forwards": [o.draft_forwards for o in outs],
             "finish_reason": [o.finish_reason for o in outs],
             "token_ids": [o.token_ids for o in outs],
+            # every forward ([role, k, context, tree, seconds, rows]) and the wall time's parts, per turn
+            "calls": [[c.to_list() for c in o.calls] for o in outs],
+            "breakdown": [{k: round(v, 6) for k, v in o.parts.items()} for o in outs],
         }],
         "lossless": None,
         "divergence": None,
@@ -164,13 +170,15 @@ def rotated(others: list[MethodSpec], shift: int) -> list[MethodSpec]:
 
 
 def warm_up(dec, specs: list[MethodSpec], q: Question, max_new_tokens: int, skip_failing: bool,
-            log=print) -> list[MethodSpec]:
+            log=print, decoders: dict | None = None) -> list[MethodSpec]:
     """One short untimed generation per method (loads lazy parts, fills caches); a failing method is an error,
-    or is dropped with a warning under ``skip_failing``."""
+    or is dropped with a warning under ``skip_failing``. ``decoders``: label -> the decoder that runs it (the
+    anchor's llama.cpp one), else ``dec``."""
     keep = []
     for spec in specs:
         try:
-            run_question(dec, spec, Question(q.dataset, q.question_id, q.category, q.turns[:1], q.chat),
+            one = Question(q.dataset, q.question_id, q.category, q.turns[:1], q.chat)
+            run_question((decoders or {}).get(spec.label, dec), spec, one,
                          min(8, max_new_tokens))
         except KeyboardInterrupt:
             raise
@@ -191,8 +199,14 @@ class Bench:
 
     def __init__(self, dec, specs: list[MethodSpec], questions: list[Question], out: Path,
                  max_new_tokens: int, repeats: int = 1, progress: bool = True,
-                 sampling: SamplingConfig | None = None) -> None:
+                 sampling: SamplingConfig | None = None, clocks: dict | None = None,
+                 decoders: dict | None = None) -> None:
+        """``clocks``: name -> :class:`pacer.profiles.Profile`; each record gets ``NAME_time`` per turn, its
+        forwards priced with that profile plus its own overhead (``profile``: the ``--costs`` profile, ``own``:
+        this machine's calibration, which validates the pricing against the wall clock)."""
         self.dec = dec
+        self.clocks = clocks or {}
+        self.decoders = decoders or {}  # label -> the decoder that runs it (the anchor's llama.cpp one)
         self.sampling = sampling  # None: greedy, and every output is checked against ar's token by token
         self.specs = specs
         self.questions = questions
@@ -223,7 +237,14 @@ class Bench:
     def _write(self, q: Question, spec: MethodSpec, repeat: int, outs: list[TurnOut], ar: dict | None,
                say) -> dict:
         rec = make_record(q, spec, repeat, outs)
-        if ar is not None and not spec.is_ar and self.sampling is None:  # a sampled output is a draw: no check
+        # hf-assisted runs outside the loop, the anchor on another backend: neither is priced with a profile
+        if outs and all(o.calls for o in outs) and not spec.is_anchor:
+            from ..profiles import clock
+
+            for name, prof in self.clocks.items():
+                rec["choices"][0][f"{name}_time"] = [round(clock(prof, o.wall_time, o.calls), 6) for o in outs]
+        # a sampled output is a draw, the anchor another backend's output: neither is checked against ar
+        if ar is not None and not spec.is_ar and not spec.is_anchor and self.sampling is None:
             ok, div = check_lossless(self.dec, outs, ar["choices"][0]["token_ids"])
             rec["lossless"], rec["divergence"] = ok, div
             if not ok:
@@ -254,8 +275,8 @@ class Bench:
                         bar.set_postfix_str(f"{q.key} {spec.label}"[:60])
                         refs = ar["choices"][0]["token_ids"] if ar is not None else None
                         try:
-                            outs = run_question(self.dec, spec, q, self.max_new_tokens, refs, self.sampling,
-                                                repeat)
+                            outs = run_question(self.decoders.get(spec.label, self.dec), spec, q,
+                                                self.max_new_tokens, refs, self.sampling, repeat)
                         except (KeyboardInterrupt, PacerError):
                             raise
                         except Exception as e:  # noqa: BLE001

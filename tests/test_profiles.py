@@ -1,0 +1,184 @@
+"""Cost profiles and the profile clock (issue 24): the clock's arithmetic, context and tree pricing, every call kind
+priced (a missing one fails), another pair or backend refused in one line, the files round-trip and damaged ones are
+refused, and on a fake backend whose forwards take the profile's times the clock reproduces the wall time."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import pytest
+
+from pacer.decoding import Output, TokenDrafter, speculative_generate
+from pacer.decoding.meter import DRAFT, TARGET, Call, MeteredBackend
+from pacer.errors import PacerError
+from pacer.ouroboros import PhraseDrafter
+from pacer.policies import FixedPolicy
+from pacer.profiles import FORMAT, Profile, clock, default_name
+from pacer.sampling import SamplingConfig
+from pacer.stats import GenerationStats
+from test_backend import FakeBackend
+
+PAIR_T = {"fingerprint": "t" * 64, "dtype": "bfloat16"}
+PAIR_D = {"fingerprint": "d" * 64, "dtype": "bfloat16", "rows": 32768}
+
+
+def synthetic(**kw) -> Profile:
+    """c_t(k) = 0.1 + 0.01 k at context 0..32, twice that at 1032; tree +50%; draft 0.02 + 0.005 (k - 1)."""
+    args = dict(
+        name="synthetic", machine={"describe": "a test machine", "threads": 2, "cpu": {"family": "25",
+                                                                                      "model_id": "17",
+                                                                                      "model": "AMD EPYC",
+                                                                                      "flags": ["avx512_bf16"]}},
+        backend="transformers", runtime="torch", target=dict(PAIR_T), draft=dict(PAIR_D),
+        target_cost={32: {k: 0.1 + 0.01 * k for k in (1, 2, 4, 8)},
+                     1032: {k: 2 * (0.1 + 0.01 * k) for k in (1, 2, 4, 8)}},
+        target_prefill={32: 0.004, 1032: 0.002},
+        draft_cost={32: {1: 0.02, 2: 0.025, 4: 0.035}},
+        draft_prefill=0.001,
+        tree_cost={32: {k: 1.5 * (0.1 + 0.01 * k) for k in (2, 4, 8)}},
+    )
+    args.update(kw)
+    return Profile(**args)
+
+
+def test_the_clock_is_the_hand_computed_sum_of_priced_forwards_plus_the_measured_overhead():
+    p = synthetic()
+    calls = [
+        Call(TARGET, 20, 0, False, 0.5),      # the prompt: 20 <= 8? no: a prefill, 20 x prefill(20) = 20 x 0.004
+        Call(DRAFT, 20, 0, False, 0.05),      # the draft reads the prompt: 20 x 0.001
+        Call(DRAFT, 1, 20, False, 0.01),      # c_d at context 20 (clamped to 32's curve): 0.02
+        Call(DRAFT, 2, 21, False, 0.01),      # 0.025
+        Call(TARGET, 4, 20, False, 0.2),      # c_t(4) at 32: 0.14
+        Call(TARGET, 6, 532, False, 0.2),     # context 532 halfway to 1032: c_t(6) = 1.5 x (0.1 + 0.06) = 0.24
+        Call(TARGET, 4, 24, True, 0.3),       # tree: 1.5 x 0.14 = 0.21
+        Call(TARGET, 12, 32, False, 0.3),     # beyond k=8: c_t(8) + 4 x prefill(32) = 0.18 + 0.016
+        Call(DRAFT, 6, 40, False, 0.02),      # beyond the draft's k=4: 0.035 + 2 x 0.001
+    ]
+    want = [20 * 0.004, 20 * 0.001, 0.02, 0.025, 0.14, 1.5 * 0.16, 0.21, 0.18 + 4 * 0.004, 0.035 + 2 * 0.001]
+    for c, w in zip(calls, want, strict=True):
+        assert p.price(c) == pytest.approx(w), c
+    wall = 3.0
+    measured = sum(c.seconds for c in calls)
+    assert clock(p, wall, calls) == pytest.approx(sum(want) + wall - measured)
+
+
+def test_pricing_depends_on_the_context_and_the_tree_mask():
+    p = synthetic()
+    at = [p.price(Call(TARGET, 4, c, False, 0)) for c in (32, 282, 532, 782, 1032, 5000)]
+    assert at == pytest.approx([0.14, 0.175, 0.21, 0.245, 0.28, 0.28])  # linear in context, clamped at the ends
+    assert p.price(Call(TARGET, 4, 32, True, 0)) == pytest.approx(0.21)
+    chain_only = synthetic(tree_cost={})
+    assert chain_only.price(Call(TARGET, 4, 32, True, 0)) == pytest.approx(0.14)  # no tree curve: priced as a chain
+    assert p.costs().tree[4] == pytest.approx(0.21) and p.costs().draft == pytest.approx(0.02)
+
+
+def test_a_call_kind_the_profile_cannot_price_fails():
+    p = synthetic(draft_cost={})
+    with pytest.raises(PacerError, match="no draft costs"):
+        clock(p, 1.0, [Call(TARGET, 1, 5, False, 0.1), Call(DRAFT, 1, 5, False, 0.01)])
+
+
+def test_another_pair_backend_or_target_dtype_is_refused_in_one_line():
+    p = synthetic()
+    assert p.check_pair("transformers", dict(PAIR_T), dict(PAIR_D)) == []
+    cases = [("llamacpp", PAIR_T, PAIR_D, "llamacpp backend"),
+             ("transformers", {**PAIR_T, "fingerprint": "x"}, PAIR_D, "another target model"),
+             ("transformers", PAIR_T, {**PAIR_D, "fingerprint": "x"}, "another draft model"),
+             ("transformers", {**PAIR_T, "dtype": "float32"}, PAIR_D, "--dtype bfloat16")]
+    for backend, t, d, needle in cases:
+        with pytest.raises(PacerError, match=needle) as e:
+            p.check_pair(backend, t, d)
+        assert "\n" not in str(e.value)
+    notes = p.check_pair("transformers", PAIR_T, {**PAIR_D, "rows": "full"})
+    assert len(notes) == 1 and "rows" in notes[0]  # a draft vocabulary of its own: priced, with a note
+
+
+def test_profile_files_round_trip_and_damaged_ones_are_refused(tmp_path):
+    p = synthetic()
+    path = tmp_path / "p.json"
+    p.save(path)
+    q = Profile.load(path)
+    assert q == p and default_name(q) == "zen4-avx512bf16-transformers-bf16"
+    doc = json.loads(path.read_text())
+    for broken, needle in [({**doc, "format": "x"}, "not a pacer cost profile"),
+                           ({k: v for k, v in doc.items() if k != "target_cost"}, "damaged"),
+                           ({**doc, "target_cost": {"32": {"1": -1.0}}}, "unusable"),
+                           ({**doc, "draft_cost": {"32": {"1": float("nan")}}}, "unusable")]:
+        path.write_text(json.dumps(broken))
+        with pytest.raises(PacerError, match=needle):
+            Profile.load(path)
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(PacerError, match="cannot be read"):
+        Profile.load(path)
+    with pytest.raises(PacerError, match="does not exist"):
+        Profile.load(tmp_path / "none.json")
+
+
+def test_the_shipped_profiles_load_and_name_their_machine():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "docs" / "profiles"
+    for name in ("zen4-avx512bf16-transformers-bf16", "zen4-avx512bf16-llamacpp-q4km"):
+        p = Profile.load(root / f"{name}.json")
+        assert p.name == name == default_name(p) and "family 25, model 17" in p.machine["describe"]
+        assert set(p.target_cost) == {32, 512, 2048} and not p.problems()
+    flat = Profile.load(root / "zen4-avx512bf16-transformers-bf16.json").costs()
+    steep = Profile.load(root / "zen4-avx512bf16-llamacpp-q4km.json").costs()
+    assert flat.verification_growth(8) < 1.2 < 3 < steep.verification_growth(8)
+
+
+class VirtualClock:
+    """``time.perf_counter`` for a test: advances by ``tick`` a reading (the loop's own overhead) and by what a
+    forward costs on the profile's machine when a :class:`Timed` backend runs one."""
+
+    def __init__(self, tick: float = 1e-5) -> None:
+        self.now, self.tick = 0.0, tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+class Timed(FakeBackend):
+    """A fake backend whose forward takes (on the virtual clock) what ``profile`` says it costs: a machine the
+    profile describes exactly."""
+
+    def __init__(self, *a, profile: Profile, role: str, clock: VirtualClock, **kw):
+        super().__init__(*a, **kw)
+        self.profile, self.role, self.clock = profile, role, clock
+
+    def forward(self, ids, *, keep=0, hidden=False, tree=None):
+        self.clock.now += self.profile.price(Call(self.role, len(ids), self.length, tree is not None, 0))
+        return super().forward(ids, keep=keep, hidden=hidden, tree=tree)
+
+
+@pytest.mark.parametrize("kind", ["token", "phrase"])
+def test_with_the_machines_own_profile_the_clock_reproduces_the_wall_time(kind, monkeypatch):
+    """The loop, the ledger and the clock together: on a machine whose forwards take exactly the profile's prices
+    (a virtual clock) the clock gives the wall time; a machine twice as fast halves the forwards and keeps the
+    overhead; leaving one call kind unpriced breaks the equality."""
+    vc = VirtualClock()
+    monkeypatch.setattr(time, "perf_counter", vc)
+    p = synthetic()
+    t = MeteredBackend(Timed(1, profile=p, role=TARGET, clock=vc), TARGET)
+    d = MeteredBackend(Timed(2, agree_with=1, agree=0.8, profile=p, role=DRAFT, clock=vc), DRAFT)
+    dr = TokenDrafter(d, t.vocab_size) if kind == "token" else PhraseDrafter(d, t.vocab_size, warm_start=False)
+    stats = GenerationStats()
+    speculative_generate(t, dr, FixedPolicy(gamma=4), [1, 2, 3, 4, 5, 1, 2, 3], Output(40, set()),
+                         SamplingConfig(), stats)
+    assert {c.role for c in stats.calls} == {TARGET, DRAFT} and stats.wall_time > 1.0
+    overhead = stats.wall_time - sum(p.price(c) for c in stats.calls)
+    assert 0 < overhead < 0.01 * stats.wall_time  # ticks only
+    assert clock(p, stats.wall_time, stats.calls) == pytest.approx(stats.wall_time, rel=1e-3)
+    half = synthetic(target_cost={c: {k: v / 2 for k, v in row.items()} for c, row in p.target_cost.items()},
+                     target_prefill={n: v / 2 for n, v in p.target_prefill.items()},
+                     draft_cost={c: {k: v / 2 for k, v in row.items()} for c, row in p.draft_cost.items()},
+                     draft_prefill=p.draft_prefill / 2,
+                     tree_cost={c: {k: v / 2 for k, v in row.items()} for c, row in p.tree_cost.items()})
+    forwards = sum(c.seconds for c in stats.calls)
+    assert clock(half, stats.wall_time, stats.calls) == pytest.approx(forwards / 2 + overhead, rel=1e-3)
+    drafts_unpriced = sum(p.price(c) for c in stats.calls if c.role == TARGET) + overhead
+    assert clock(p, stats.wall_time, stats.calls) > drafts_unpriced + 0.01
+    assert not math.isnan(clock(half, 0.0, [])) and FORMAT == "pacer-profile/1"
