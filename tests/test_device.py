@@ -282,6 +282,15 @@ def test_gpu_check_runs_quick_on_the_cpu(tmp_path):
     md = (tmp_path / "gpu_check_costs.md").read_text()
     for section in ("## Costs on cpu", "## Loop overhead per round", "## Simulated speedup over plain decoding"):
         assert section in md
+    from pacer.profiles import Profile  # one cost profile per target shape, loadable, with the measured curve
+
+    profiles = sorted((tmp_path / "profiles").glob("*.json"))
+    assert len(profiles) == 2
+    for path in profiles:
+        p = Profile.load(path)
+        shape = "tiny-m" if "tiny-m" in p.name else "tiny-l"
+        c_t = {int(k): v for k, v in doc["models"][shape]["c_t"].items()}
+        assert p.target_cost[doc["context"]] == pytest.approx(c_t)
 
 
 def test_gpu_check_simulation_arithmetic(tmp_path):

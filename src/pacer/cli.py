@@ -141,10 +141,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
     dec.generate("Hello", "ar", max_new_tokens=2)  # warm-up
     cal = dec.calibration(dec.draft_rows(dec.draft_vocab))
     print(f"measured costs ({cal.source}): {cal.costs.curve()}")
-    print(f"=> {cal.verdict()}\n")
+    print(f"=> {cal.verdict()}")
+    if cal.costs.target_cost(2) < cal.costs.target_cost(1):
+        print(f"note: plain decoding runs a slower kernel than a two-token forward here (c_t(1) "
+              f"{cal.costs.target_cost(1) * 1e3:.0f} ms > c_t(2) {cal.costs.target_cost(2) * 1e3:.0f} ms): "
+              f"speedups over plain decoding include that")
+    anchor = None
+    if args.backend == "transformers":  # the user's real anchor: llama.cpp's plain decoding of the same GGUF
+        from .bench.cli import _anchor_decoder
+
+        anchor = _anchor_decoder(args, dec)
+        if anchor is not None:
+            anchor.generate("Hello", "ar", max_new_tokens=2)
+    print()
     rows = []
+    anchor_ratios = []
     for kind, prompt in DEMO_PROMPTS:
         ar = dec.generate(prompt, "ar", args.max_new_tokens, chat=kind == "chat")
+        if anchor is not None:
+            fast = anchor.generate(prompt, "ar", args.max_new_tokens, chat=kind == "chat")
+            anchor_ratios.append(fast.stats.tokens_per_s / max(ar.stats.tokens_per_s, 1e-9))
         sd = dec.generate(prompt, args.method, args.max_new_tokens, gamma=args.gamma, chat=kind == "chat",
                           min_draft=args.min_draft, max_draft=args.max_draft, options=method_options(args),
                           cost_aware=cost_aware(args))
@@ -182,6 +198,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
               f"target forward ({describe_cpu()})")
     print(f"median speedup of {args.method} over plain decoding: {median:.2f}x; "
           f"outputs identical: {sum(r[1] for r in rows)}/{len(rows)}{verdict}")
+    if anchor_ratios:
+        a = statistics.median(anchor_ratios)
+        print(f"anchor: llama.cpp's plain decoding of the same GGUF runs {a:.2f}x this backend's plain decoding "
+              f"here (median of {len(anchor_ratios)}), i.e. {args.method} here is {median / a:.2f}x what llama.cpp "
+              f"gives without pacer (pacer demo --backend llamacpp runs pacer there)")
     return 1 if real else 0
 
 

@@ -500,10 +500,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_check.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     (out / "gpu_check_costs.md").write_text(markdown(doc))
+    for path in write_profiles(doc, out / "profiles"):
+        say(f"cost profile {path}")
     bad = [p for p, sets in doc["simulation"].items() for r in sets.values() for v in r.values()
            if not math.isfinite(v["speedup"])]
     say(f"done in {doc['seconds']:.0f}s: {out / 'gpu_check_costs.md'}")
     return 1 if bad else 0
+
+
+def write_profiles(doc: dict, folder: Path) -> list[Path]:
+    """One cost profile (:mod:`pacer.profiles`) per measured target shape with the draft shape: its ``c_t(k)`` at
+    the check's context, the draft's token cost (full head) and prefill per token estimated from its curve. The pair
+    is a random-weight shape, not a real model: ``pacer bench --costs`` refuses it for a real pair (its fingerprint
+    names the shape), it is for the simulation and for reading the curve (``docs/bench/gpu/``)."""
+    from .calibration import cpu_identity, describe_cpu
+    from .profiles import Profile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    ctx = int(doc["context"])
+    d = doc["draft"]
+    dc = {int(k): float(v) for k, v in doc["models"][d["model"]]["c_t"].items()}
+    gpu = str(doc["device"]).split(",")[0].strip().lower().replace(" ", "-")
+    paths = []
+    for name, m in doc["models"].items():
+        if name == d["model"]:
+            continue
+        tc = {int(k): float(v) for k, v in m["c_t"].items()}
+        kmax = max(tc)
+        prof = Profile(f"{gpu}-{name}-transformers-{doc['dtype']}",
+                       {"cpu": cpu_identity(), "describe": f"{doc['device']} (host {describe_cpu()})",
+                        "device": doc["device"], "threads": torch.get_num_threads()},
+                       "transformers", f"torch {doc['torch']}",
+                       {"fingerprint": f"random-weight shape {name}", "dtype": doc["dtype"]},
+                       {"fingerprint": f"random-weight shape {d['model']}", "dtype": doc["dtype"], "rows": "full"},
+                       {ctx: tc}, {ctx: tc[kmax] / kmax}, {ctx: {k: v for k, v in dc.items() if k <= 8}},
+                       dc[max(dc)] / max(dc), measured=time.strftime("%Y-%m-%d"),
+                       source="python -m pacer.gpu_check (random-weight shapes, median of "
+                              f"{doc['reps']} forwards a point)",
+                       notes=["tree forwards not measured: priced as a chain",
+                              "prefill per token estimated as c_t(k_max) / k_max"])
+        path = folder / f"{prof.name}.json"
+        prof.save(path)
+        paths.append(path)
+    return paths
 
 
 if __name__ == "__main__":

@@ -470,7 +470,7 @@ def _anchor_decoder(args: argparse.Namespace, dec):
         from ..api import Decoder
 
         return Decoder.from_pretrained(args.target, None, threads=args.threads, backend="llamacpp",
-                                       progress=args.progress, draft_vocab=None)
+                                       progress=getattr(args, "progress", True), draft_vocab=None)
     except (PacerError, ImportError) as e:
         print(f"pacer bench: note: no llama.cpp anchor ({e})", file=sys.stderr)
         return None
