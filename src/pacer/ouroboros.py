@@ -152,8 +152,8 @@ class PhrasePool:
         try:
             atomic_write_text(Path(path), json.dumps(data, separators=(",", ":")))
         except OSError as e:
-            raise PacerError(f"cannot write the phrase pool file {path} ({e.strerror or e}); pass a pool_file in a "
-                             f"folder you can write to") from None
+            raise PacerError(f"cannot write the phrase pool file {path} ({e.strerror or e}); pass another pool_file "
+                             f"(in a folder you can write to)") from None
 
     def load(self, path: Path | str, vocab: int) -> int:
         """Add the entries of a saved pool (as made by an earlier generation); returns how many were read. Anything
@@ -163,18 +163,18 @@ class PhrasePool:
         try:
             data = json.loads(path.read_bytes().decode("utf-8"))
         except OSError as e:
-            raise PacerError(f"phrase pool file {path} cannot be read ({e.strerror or e}); pass another pool_file") \
-                from None
+            raise PacerError(f"phrase pool file {path} cannot be read ({e.strerror or e}); pass another pool_file "
+                             f"(or a new name)") from None
         except ValueError as e:  # UnicodeDecodeError, JSONDecodeError
             raise PacerError(f"phrase pool file {path} cannot be read (not JSON text: {type(e).__name__}); delete "
-                             f"it or pass another pool_file") from None
+                             f"it or pass another pool_file (or a new name)") from None
         if not isinstance(data, dict) or data.get("format") != "pacer-phrase-pool" \
                 or not isinstance(data.get("entries"), list):
             raise PacerError(f"phrase pool file {path} cannot be read (not a pacer phrase pool); delete it or pass "
-                             f"another pool_file")
+                             f"another pool_file (or a new name)")
         if data.get("vocab") != vocab:
             raise PacerError(f"phrase pool file {path} was made for another vocabulary ({data.get('vocab')} tokens, "
-                             f"not {vocab}); delete it or pass another pool_file")
+                             f"not {vocab}); delete it or pass another pool_file (or a new name)")
 
         def ids(x: object) -> bool:
             return isinstance(x, list) and all(type(i) is int and 0 <= i < vocab for i in x)
@@ -183,7 +183,8 @@ class PhrasePool:
         if not all(isinstance(e, list) and len(e) == 3 and ids(e[0]) and ids(e[1]) and isinstance(e[2], str)
                    for e in entries):
             raise PacerError(f"phrase pool file {path} cannot be read (an entry is not [key ids, continuation ids, "
-                             f"source] with ids below {vocab}); delete it or pass another pool_file")
+                             f"source] with ids below {vocab}); delete it or pass another pool_file (or a new "
+                             f"name)")
         gen, self.generation = self.generation, self.generation - 1  # loaded entries count as warm
         for k, c, s in entries:
             if s in SOURCES and 1 <= len(k) <= self.key_len and c:
