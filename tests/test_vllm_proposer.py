@@ -25,10 +25,11 @@ from pacer.integrations.vllm import (
     lookup_draft,
     observed_acceptance,
     prefix_key,
+    prefix_keys,
     survival,
 )
 from pacer.methods.lookup import KEY_CONFIDENCE
-from pacer.ouroboros import PhrasePool
+from pacer.ouroboros import PhrasePool, learn_committed
 
 #: verification nearly free / growing like k (a CPU: nothing pays) / in between
 FLAT = Costs(draft=0.0, target={1: 1.0, 64: 1.0})
@@ -45,6 +46,26 @@ def test_prefix_key_is_the_text_whatever_its_container():
     a = [5, 6, 7, 8]
     assert prefix_key(a) == prefix_key(np.array(a, dtype=np.int32)) == prefix_key(tuple(a))
     assert prefix_key(a) != prefix_key(a[:3]) and prefix_key(a) != prefix_key([5, 6, 7, 9])
+
+
+def test_prefix_keys_hash_both_prefixes_in_one_pass():
+    a = np.array([3, 1, 4, 1, 5, 9, 2, 6], dtype=np.int32)
+    assert prefix_keys(a, 3) == (prefix_key(a[:5]), prefix_key(a))
+
+
+def test_the_pool_learns_the_text_as_learn_committed_does():
+    """The planner reads only each step's new tokens (and the n-gram context before them)."""
+    planner = PacerPlanner(4, FLAT, ngram=3, key_len=2)
+    ref = PhrasePool(3, 1 << 16, 2)
+    text, seen = [1, 2, 3, 4, 5], 0
+    rng = np.random.default_rng(0)
+    for _ in range(12):
+        new = rng.integers(0, 6, size=int(rng.integers(1, 4))).tolist()
+        text = text + new
+        planner.step([(np.array(text, dtype=np.int32), new)])
+        seen = learn_committed(ref, text, seen, ref.add_sequence)
+    (state,) = [s for states in planner.rows.states.values() for s in states]
+    assert list(state.pool.entries) == list(ref.entries) and state.seen == len(text)
 
 
 def test_row_memory_finds_a_row_by_its_previous_prefix_and_keeps_identical_texts_apart():

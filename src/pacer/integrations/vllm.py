@@ -64,7 +64,7 @@ import numpy as np
 from ..costs import CostMemory, Costs, gain_pays
 from ..errors import PacerError
 from ..methods.lookup import KEY_CONFIDENCE
-from ..ouroboros import PhrasePool, learn_committed
+from ..ouroboros import PhrasePool
 
 #: nearly flat verification (each extra scored token costs 1 % of a forward): a GPU at small batch. A CPU target is
 #: far from it (docs/hardware.md): give its profile.
@@ -77,9 +77,21 @@ Prefix = tuple[int, bytes]
 
 
 def prefix_key(tokens) -> Prefix:
-    """A row's identity: its length and a 128-bit hash of its token ids (any int sequence or array)."""
-    a = np.ascontiguousarray(tokens, dtype=np.int64)
-    return len(a), hashlib.blake2b(a.tobytes(), digest_size=16).digest()
+    """A row's identity: its length and a 128-bit hash of its token ids (any int sequence or array; vLLM's rows are
+    int32, hashed without a copy)."""
+    a = np.ascontiguousarray(tokens, dtype=np.int32)
+    return len(a), hashlib.blake2b(a, digest_size=16).digest()
+
+
+def prefix_keys(tokens: np.ndarray, m: int) -> tuple[Prefix, Prefix]:
+    """``(prefix_key(tokens[:-m]), prefix_key(tokens))`` in one pass over the text (the hash of the longer prefix
+    goes on from the shorter one's)."""
+    a = np.ascontiguousarray(tokens, dtype=np.int32)
+    L = len(a)
+    h = hashlib.blake2b(a[: L - m], digest_size=16)
+    before = (L - m, h.digest())
+    h.update(a[L - m :])
+    return before, (L, h.digest())
 
 
 #: where a profile's costs may sit: ``{"costs": {...}}`` (a cost profile), ``{"payload": {"costs": {...}}}`` (pacer's
@@ -308,20 +320,29 @@ class PacerPlanner:
         states: list[RowState | None] = [None] * n
         verified: list[int | None] = [None] * n
         accepted: list[int | None] = [None] * n
-        contexts: list[list[int]] = [[] for _ in range(n)]
+        contexts: list[list[int]] = [[] for _ in range(n)]  # each row's last key_len tokens
+        lens = [0] * n
+        keys: list[Prefix | None] = [None] * n
         for i, (text, committed) in enumerate(rows):
-            if not len(committed):
+            m = len(committed)
+            if not m:
                 continue
-            arr = np.asarray(text)
-            L, m = len(arr), len(committed)
-            state = self.rows.take(prefix_key(arr[: L - m])) if L > m else None
+            arr = np.ascontiguousarray(text, dtype=np.int32)
+            L = len(arr)
+            before, keys[i] = prefix_keys(arr, min(m, L))
+            state = self.rows.take(before) if L > m else None
             if state is None:
                 state = self.new_state()
             verified[i], accepted[i] = state.observe([int(x) for x in committed])
-            ctx = arr.tolist()
-            state.seen = learn_committed(state.pool, ctx, state.seen, state.pool.add_sequence)
+            # the pool learns the committed text as pacer.ouroboros.learn_committed does, reading only the new part
+            if state.seen == 0:
+                state.pool.add_sequence(arr.tolist(), "prompt")
+            elif L > state.seen:
+                lo = max(0, state.seen - self.ngram - self.key_len)
+                state.pool.add_sequence(arr[lo:].tolist(), "output", min_end=state.seen - lo)
+            state.seen = L
             state.last_call = self.calls
-            states[i], contexts[i] = state, ctx
+            states[i], contexts[i], lens[i] = state, arr[-self.key_len :].tolist(), L
         drafts: list[list[int]] = [[] for _ in range(n)]
         candidates: list[int | None] = [None] * n
         S_rows: list[list[float]] = [[] for _ in range(n)]
@@ -329,7 +350,7 @@ class PacerPlanner:
         for i, state in enumerate(states):
             if state is None:
                 continue
-            room = self.k if self.max_len is None else min(self.k, self.max_len - len(contexts[i]) - 1)
+            room = self.k if self.max_len is None else min(self.k, self.max_len - lens[i] - 1)
             if room > 0:
                 drafts[i], conf = lookup_draft(state.pool, contexts[i], room)
                 raws[i], S_rows[i] = survival(state.memory, conf)
@@ -343,7 +364,7 @@ class PacerPlanner:
                 continue
             d = drafts[i][: lengths[i]]
             state.draft, state.raw = d, raws[i][: lengths[i]]
-            self.rows.put(prefix_key(contexts[i]), state)
+            self.rows.put(keys[i], state)
             out.append(d)
         self.rows.evict(self.calls)
         self.last = StepLog(self.calls, verified, accepted, candidates,
