@@ -302,7 +302,7 @@ def test_resumed_collect_recollects_a_damaged_shard_and_train_refuses_one(tmp_pa
     for damage, word in ((lambda: shard.write_bytes(shard.read_bytes()[:5000]), "damaged"), (zero, "damaged"),
                          (shard.unlink, "missing")):
         damage()
-        with pytest.raises(PacerError, match=f"shard {shard} is {word} .*collect it again") as e:
+        with pytest.raises(PacerError, match=f"shard {shard} is {word}.*collect it again") as e:
             load_dataset(out)
         assert "\n" not in str(e.value)
         capsys.readouterr()

@@ -240,9 +240,9 @@ def load_dataset(folder: Path | str) -> tuple[dict[str, torch.Tensor], dict]:
         for s in manifest["shards"]:
             problem = shard_problem(f, str(s), records.get(s))
             if problem is not None:
-                raise PacerError(f"shard {f / str(s)} is {'missing' if problem == 'it is missing' else 'damaged'} "
-                                 f"({problem}); run pacer collect with the same settings and --out {f} to collect "
-                                 f"it again")
+                state = "missing" if problem == "it is missing" else f"damaged ({problem})"
+                raise PacerError(f"shard {f / str(s)} is {state}; run pacer collect with the same settings and "
+                                 f"--out {f} to collect it again")
             parts.append(load_file(str(f / s)))
         if not parts:
             raise PacerError(f"{f} holds no data shards yet")
