@@ -482,7 +482,7 @@ def check_record(path: Path, rec: dict, full: bool = False) -> tuple[str | None,
     try:
         if full or st.st_mtime_ns != rec.get("mtime_ns"):
             if sha256_file(path) != rec.get("sha256"):
-                return "it does not match its sha256 (changed since it was written)", False
+                return "its sha256 is not the one recorded when it was written", False
             return None, st.st_mtime_ns != rec.get("mtime_ns")
         block, blocks = int(rec["block"]), rec["blocks"]
         if block <= 0 or len(blocks) != -(-st.st_size // block):
