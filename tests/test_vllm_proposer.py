@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from pacer.costs import CostMemory, Costs, gain_pays
+from pacer.decoding.meter import TARGET, Call
 from pacer.errors import PacerError
 from pacer.integrations.vllm import (
     DEFAULT_COSTS,
@@ -30,6 +32,7 @@ from pacer.integrations.vllm import (
 )
 from pacer.methods.lookup import KEY_CONFIDENCE
 from pacer.ouroboros import PhrasePool, learn_committed
+from pacer.profiles import Profile
 
 #: verification nearly free / growing like k (a CPU: nothing pays) / in between
 FLAT = Costs(draft=0.0, target={1: 1.0, 64: 1.0})
@@ -153,8 +156,10 @@ def test_load_costs():
     assert load_costs(SLOPE)[0] is SLOPE
     c, _ = load_costs({"target": {"1": 0.01, "8": 0.02}, "draft": 0.001})
     assert c.target == {1: 0.01, 8: 0.02} and c.draft == 0.001
-    c, _ = load_costs({"format": "pacer-profile/1", "costs": {"target": {"1": 0.5}}})
+    c, _ = load_costs({"name": "x", "costs": {"target": {"1": 0.5}}})
     assert c.target == {1: 0.5} and c.draft == 0.0
+    with pytest.raises(PacerError, match="damaged"):
+        load_costs({"format": "pacer-profile/1", "costs": {"target": {"1": 0.5}}})
     c, _ = load_costs({"format": "pacer-calibration/2", "payload": {"costs": {"draft": 0.2, "target": {"1": 0.5}}}})
     assert c.target == {1: 0.5} and c.draft == 0.2  # pacer's calibration cache file
     with pytest.raises(PacerError, match="target"):
@@ -170,6 +175,25 @@ def test_load_costs_from_a_file(tmp_path):
     assert c.target_cost(16) == 0.04 and source == str(p)
     with pytest.raises(PacerError, match="cannot read"):
         load_costs(tmp_path / "missing.json")
+
+
+def test_a_pacer_profile_is_priced_at_the_batch_context():
+    path = Path(__file__).resolve().parent.parent / "docs" / "profiles" / "zen4-avx512bf16-transformers-bf16.json"
+    profile, source = load_costs(str(path))
+    assert isinstance(profile, Profile) and str(path) in source
+    planner = PacerPlanner(4, profile)
+    short, long = planner.costs_at(20), planner.costs_at(2000)  # priced at 32 and 2016 tokens of context
+    ref = profile.costs(32).monotone()
+    assert [short.target_cost(k) for k in (1, 2, 4, 8, 16)] == pytest.approx([ref.target_cost(k) for k in
+                                                                               (1, 2, 4, 8, 16)])
+    # a batch's forward beyond the measured k: as the profile prices it, made non-decreasing in k
+    assert short.target_cost(64) == pytest.approx(profile.price(Call(TARGET, 64, 32, False, 0.0)))
+    assert all(short.target_cost(k) <= short.target_cost(k + 1) for k in range(1, 4096))
+    assert long.target_cost(1) != short.target_cost(1)
+    assert planner.costs_at(2000) is long  # cached
+    # the step logs the context it priced at
+    planner.step([(np.arange(40) % 7, [3])])
+    assert planner.last.context == 40
 
 
 def _config(k=6, max_len=256, extra=None):

@@ -35,13 +35,14 @@ sees token ids only: no request ids, no hidden states, no sampling settings, no 
   therefore get different lengths in one step: a row whose lookup is confident drafts long, one without a match or
   with a poor record drafts nothing.
 
-**Costs**: a pacer cost profile of the target (``profile``: a JSON file or dict with ``target`` ``{k: seconds}``
-per forward scoring ``k`` tokens, optionally nested under ``costs``; or a :class:`pacer.costs.Costs`), else
-:data:`DEFAULT_COSTS` (nearly flat: each extra scored token 1 % of a forward, verification as on a GPU at small
-batch). Only ratios matter. Settings: class attributes of :class:`PacerProposer` (subclass it to change them),
-overridden by ``vllm_config.additional_config["pacer"]`` (``--additional-config '{"pacer": {...}}'``) and by the
-environment (``PACER_VLLM_PROFILE``, ``PACER_VLLM_LOG``: a JSON-lines file, one line per step with each row's draft
-length).
+**Costs**: the target's cost profile (``profile``: a ``pacer-profile/1`` file from ``pacer calibrate --export``,
+priced at each step's mean context and extended to batch-sized forwards by :meth:`pacer.profiles.Profile.price`; or
+plain costs, :func:`load_costs`), else :data:`DEFAULT_COSTS` (nearly flat: each extra scored token 1 % of a forward,
+verification as on a GPU at small batch). Only ratios matter.
+
+Settings: class attributes of :class:`PacerProposer` (subclass it to change them), overridden by
+``vllm_config.additional_config["pacer"]`` (``--additional-config '{"pacer": {...}}'``) and by the environment
+(``PACER_VLLM_PROFILE``, ``PACER_VLLM_LOG``: a JSON-lines file, one line per step with each row's draft length).
 
 Nothing here imports vLLM: the pure parts run and are tested without it (tests/test_vllm_proposer.py); vLLM's
 logger (``vllm.pacer``) is used only inside vLLM.
@@ -62,9 +63,12 @@ from typing import Any
 import numpy as np
 
 from ..costs import CostMemory, Costs, gain_pays
+from ..decoding.meter import TARGET, Call
 from ..errors import PacerError
 from ..methods.lookup import KEY_CONFIDENCE
 from ..ouroboros import PhrasePool
+from ..profiles import FORMAT as PROFILE_FORMAT
+from ..profiles import Profile
 
 #: nearly flat verification (each extra scored token costs 1 % of a forward): a GPU at small batch. A CPU target is
 #: far from it (docs/hardware.md): give its profile.
@@ -99,13 +103,15 @@ def prefix_keys(tokens: np.ndarray, m: int) -> tuple[Prefix, Prefix]:
 NESTED = ("costs", "payload")
 
 
-def load_costs(profile: Costs | dict | str | Path | None) -> tuple[Costs, str]:
-    """``(costs, where they came from)``: a :class:`Costs`; a dict with ``target`` (``{k: seconds}``) and optionally
-    ``draft``, ``policy_per_check``, ``draft_prefill``, at the top or nested under :data:`NESTED` keys (a pacer
-    calibration cache file works as it is); a JSON file holding one; or ``None`` for :data:`DEFAULT_COSTS`."""
+def load_costs(profile: Costs | Profile | dict | str | Path | None) -> tuple[Costs | Profile, str]:
+    """``(costs, where they came from)``: a pacer cost profile (:class:`pacer.profiles.Profile`, ``pacer-profile/1``:
+    ``pacer calibrate --export FILE``; priced at each step's context by :class:`PacerPlanner`), a :class:`Costs`, a
+    dict with ``target`` (``{k: seconds}``) and optionally ``draft``, ``policy_per_check``, ``draft_prefill``, at the
+    top or nested under :data:`NESTED` keys (a pacer calibration cache file works as it is), a JSON file holding one
+    of these, or ``None`` for :data:`DEFAULT_COSTS`."""
     if profile is None or profile == "":
         return DEFAULT_COSTS, "default (nearly flat verification)"
-    if isinstance(profile, Costs):
+    if isinstance(profile, Costs | Profile):
         return profile, "given"
     source = "given"
     if isinstance(profile, str | Path):
@@ -115,6 +121,9 @@ def load_costs(profile: Costs | dict | str | Path | None) -> tuple[Costs, str]:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise PacerError(f"cannot read the cost profile {path}: {e}") from e
         source = str(path)
+    if isinstance(profile, dict) and profile.get("format") == PROFILE_FORMAT:
+        p = Profile.from_dict(profile, f"cost profile {source}")
+        return p, f"{source}: {p.describe()}"
     d = profile
     while isinstance(d, dict) and "target" not in d:
         inner = [d[k] for k in NESTED if isinstance(d.get(k), dict)]
@@ -279,13 +288,15 @@ class RowMemory:
 @dataclass
 class StepLog:
     """One :meth:`PacerPlanner.step`: per row the length of its last draft that was verified, how many of those
-    were accepted, the lookup's candidate length and the length decided (``None``: a row without a sampled token)."""
+    were accepted, the lookup's candidate length and the length decided (``None``: a row without a sampled token);
+    the rows' mean context (where a profile's costs were priced)."""
 
     call: int
     verified: list[int | None]
     accepted: list[int | None]
     candidates: list[int | None]
     lengths: list[int | None]
+    context: int = 0
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
@@ -297,16 +308,41 @@ class PacerPlanner:
     and returns each row's draft. ``k``: the most tokens per row (vLLM's ``num_speculative_tokens``);
     ``max_len``: the model's length (a draft never runs past it)."""
 
-    def __init__(self, k: int, costs: Costs | None = None, ngram: int = 8, key_len: int = 3,
+    #: a profile's costs are priced at the batch's mean context rounded up to a multiple of this
+    CONTEXT_STEP = 32
+    #: beyond a profile's measured ``k``, forwards of these many tokens are priced as the profile prices them (a
+    #: batch scores one token per row and its drafts: far more than one generation's verification)
+    BATCH_KS = (24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096)
+
+    def __init__(self, k: int, costs: Costs | Profile | None = None, ngram: int = 8, key_len: int = 3,
                  pool_size: int = 1 << 16, max_len: int | None = None, capacity: int = 4096,
                  max_idle: int = 512) -> None:
         if k < 1:
             raise PacerError(f"num_speculative_tokens must be >= 1 (got {k})")
         self.k, self.ngram, self.key_len, self.pool_size, self.max_len = k, ngram, key_len, pool_size, max_len
-        self.costs = (costs or DEFAULT_COSTS).monotone()
+        costs = costs or DEFAULT_COSTS
+        self.profile = costs if isinstance(costs, Profile) else None
+        self._costs_at: dict[int, Costs] = {}
+        self.costs = costs.monotone() if isinstance(costs, Costs) else self.costs_at(self.CONTEXT_STEP)
         self.rows = RowMemory(capacity, max_idle)
         self.calls = 0
         self.last: StepLog | None = None
+
+    def costs_at(self, context: int) -> Costs:
+        """The target's costs for a forward after ``context`` cached tokens: the given :class:`Costs`, or the
+        profile's curve there (:meth:`pacer.profiles.Profile.costs`) extended to batch-sized forwards with
+        :meth:`~pacer.profiles.Profile.price`, made monotone; cached per :attr:`CONTEXT_STEP`."""
+        if self.profile is None:
+            return self.costs
+        c = -(-max(1, context) // self.CONTEXT_STEP) * self.CONTEXT_STEP
+        cache = self._costs_at
+        if c not in cache:
+            base = self.profile.costs(c)
+            kmax = max(base.target)
+            extra = {k: self.profile.price(Call(TARGET, k, c, False, 0.0)) for k in self.BATCH_KS if k > kmax}
+            cache[c] = Costs(base.draft, {**base.target, **extra}, base.policy_per_check, base.draft_prefill,
+                             dict(base.tree)).monotone()
+        return cache[c]
 
     def new_state(self) -> RowState:
         return RowState(PhrasePool(self.ngram, self.pool_size, self.key_len))
@@ -356,7 +392,8 @@ class PacerPlanner:
                 raws[i], S_rows[i] = survival(state.memory, conf)
             candidates[i] = len(drafts[i])
         decoding = sum(s is not None for s in states)
-        lengths = allocate(S_rows, self.costs, decoding)
+        context = sum(lens) // max(1, decoding)
+        lengths = allocate(S_rows, self.costs_at(context), decoding)
         out: list[list[int]] = []
         for i, state in enumerate(states):
             if state is None:
@@ -368,7 +405,7 @@ class PacerPlanner:
             out.append(d)
         self.rows.evict(self.calls)
         self.last = StepLog(self.calls, verified, accepted, candidates,
-                            [None if s is None else len(d) for s, d in zip(states, out, strict=True)],
+                            [None if s is None else len(d) for s, d in zip(states, out, strict=True)], context,
                             time.perf_counter() - t0)
         return out
 
@@ -378,8 +415,9 @@ class PacerProposer:
     "pacer.integrations.vllm.PacerProposer"``. Settings (class attributes; subclass to change them, or set them in
     ``--additional-config '{"pacer": {...}}'``; the environment overrides ``profile`` and ``log``)."""
 
-    #: the target's cost profile (a path, a dict or a :class:`Costs`; ``None``: :data:`DEFAULT_COSTS`)
-    profile: Costs | dict | str | None = None
+    #: the target's costs (a ``pacer-profile/1`` file or :class:`~pacer.profiles.Profile`, a path, a dict or a
+    #: :class:`Costs`: :func:`load_costs`; ``None``: :data:`DEFAULT_COSTS`)
+    profile: Costs | Profile | dict | str | None = None
     #: a JSON-lines file: one line per step with each row's draft length (``None``: none)
     log: str | None = None
     #: the lookup's phrase length and longest key (pacer's ``lookup`` defaults)
@@ -411,7 +449,8 @@ class PacerProposer:
         self.log_path = Path(settings["log"]) if settings["log"] else None
         self.logger = _logger()
         self.logger.info("pacer proposer: up to %d lookup tokens per row, lengths by the cost-aware rule on %s "
-                         "(%s)", self.k, source, self.planner.costs.curve())
+                         "(%s%s)", self.k, source, self.planner.costs.curve(),
+                         " at 32 tokens of context" if self.planner.profile is not None else "")
 
     def load_model(self, *args, **kwargs) -> None:
         """No model of its own (vLLM's CPU runner calls this with the target)."""
