@@ -72,3 +72,22 @@ def test_pool_file_faults_on_the_command_line(tmp_path, capsys, pair, monkeypatc
     n = len(json.loads(good.read_text())["entries"])
     pool = PhrasePool(key_len=2)
     assert n > 0 and pool.load(good, json.loads(good.read_text())["vocab"]) == n
+
+
+def test_output_path_checks_say_what_is_wrong_and_create_nothing(tmp_path):
+    from pacer.io import check_out_dir, check_out_file
+
+    f = tmp_path / "file"
+    f.write_text("x")
+    assert check_out_dir(tmp_path / "new" / "deep") == tmp_path / "new" / "deep"
+    assert check_out_file(tmp_path / "a" / "b.json", "--plot") == tmp_path / "a" / "b.json"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing made, no probe left
+    for check, path, needle in ((check_out_dir, f, "is an existing file, not a folder"),
+                                (check_out_dir, f / "sub", f"{f} is a file, not a folder"),
+                                (check_out_dir, "/proc/nope/x", "cannot be written"),
+                                (check_out_file, tmp_path, "is an existing folder, not a file"),
+                                (check_out_file, f / "x.png", f"{f} is a file, not a folder"),
+                                (check_out_file, "/proc/nope/x.png", "cannot be written")):
+        with pytest.raises(PacerError, match="^--x ") as e:
+            check(path, "--x")
+        assert needle in str(e.value) and "\n" not in str(e.value)
