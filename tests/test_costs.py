@@ -284,13 +284,16 @@ def test_a_linear_curve_is_extrapolated_after_four_tokens(home, monkeypatch):
     """Where c_t(4) >= 2.5 c_t(1) the long forwards (seconds each on such a CPU) are not measured."""
     seen = []
 
+    dec = Decoder(*tiny_pair("close"), threads=1)
+
     def slow_forward(cm, tokens, base):
-        seen.append(len(tokens))
+        seen.append((cm is dec.target, len(tokens)))
         return 0.01 * len(tokens)
 
     monkeypatch.setattr(cal_mod, "_timed", slow_forward)
-    cal = cal_mod.measure(Decoder(*tiny_pair("close"), threads=1), None)
-    assert max(seen) == 4 and cal.measured == [1, 2, 3, 4]
+    cal = cal_mod.measure(dec, None)
+    assert max(k for target, k in seen if target) == 4 and cal.measured == [1, 2, 3, 4]
+    assert sorted(cal.costs.draft_curve) == [1, 2, 4, 8]  # the draft's curve, for phrase checks
     assert abs(cal.costs.target_cost(16) - 0.16) < 1e-9
     assert "not free" in cal.verdict()
 
@@ -394,3 +397,33 @@ def test_a_short_generation_after_a_long_prompt_does_not_pay_for_the_drafts_pref
         assert (res.stats.draft_forwards > 0) == drafts, (new, res.stats.draft_lengths)
     free = decoder("same", Costs(draft=0.01, target={1: 1.0, 64: 1.0}))
     assert free.generate(prompt, "sd", max_new_tokens=6).stats.draft_forwards > 0
+
+
+def test_phrases_pay_like_draft_tokens():
+    """A phrase check is priced on the draft's curve: none where the longer forward costs more than the draft
+    forwards the phrase is expected to save, the length with the best expected saving otherwise; no cost model:
+    any length."""
+    steep = Costs(0.036, {1: 0.25, 8: 0.26}, draft_curve={1: 0.036, 2: 0.041, 4: 0.047, 8: 0.2})
+    pol = CostAwarePolicy(FixedPolicy(gamma=4), steep)
+    assert pol.phrase_room(1, [0.9] * 6) == 3  # to k = 4: the curve is flat there, dear beyond
+    assert pol.phrase_room(1, [0.1] * 6) == 0  # the draft rarely agrees: the longer forward does not pay
+    flat = CostAwarePolicy(FixedPolicy(gamma=4), Costs(0.036, {1: 0.25, 8: 0.26}))  # no draft curve: c_d at any k
+    assert flat.phrase_room(1, [0.1] * 6) == 6
+    assert FixedPolicy(gamma=4).phrase_room(1, [0.01] * 5) == 5
+    assert Costs.from_dict(steep.to_dict()).draft_cost(3) == pytest.approx(0.044)
+
+
+def test_a_calibration_cache_with_unusable_values_is_measured_again(tmp_path, monkeypatch):
+    """Edited values with a recomputed checksum (a NaN draft, a negative target cost) are not trusted."""
+    import pacer.calibration as cal_mod
+
+    monkeypatch.setenv("PACER_HOME", str(tmp_path))
+    key = {"format": cal_mod.FORMAT, "test": 1}
+    good = cal_mod.Calibration(Costs(0.03, {1: 0.3, 2: 0.31}), 0.01, key)
+    cal_mod.save(good)
+    assert cal_mod.load(key)[0] is not None
+    for costs in (Costs(float("nan"), {1: 0.3}), Costs(0.03, {1: 0.3, 2: -5.0}), Costs(0.03, {1: 0.3},
+                                                                                         draft_prefill=-1.0)):
+        cal_mod.save(cal_mod.Calibration(costs, 0.01, key))
+        cal, why = cal_mod.load(key)
+        assert cal is None and "unusable" in why

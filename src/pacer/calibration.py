@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -44,7 +45,9 @@ import torch
 from . import devices
 from .costs import Costs
 
-FORMAT = "pacer-calibration/2"  # 2: the draft's prefill cost per token
+FORMAT = "pacer-calibration/3"  # 2: the draft's prefill cost per token; 3: the draft's curve c_d(k)
+#: the draft forwards measured besides one token: a phrase check over k new tokens (Ouroboros)
+DRAFT_KS = (2, 4, 8)
 CONTEXT = 32
 REPS = 3
 NOISY = 1.5
@@ -336,6 +339,7 @@ def measure(decoder, rows: torch.Tensor | None, max_draft: int = 16, reps: int =
                 say(f"target, {k} tokens again")
                 med[k], worst[k], bad = _point(target, ctx[:k], len(ctx), reps)
         draft = dworst = draft_prefill = 0.0
+        dcurve: dict[int, float] = {}
         if decoder.draft_info is not None:
             say("draft, 1 token")
             dm = decoder.draft_backend(rows)
@@ -349,9 +353,16 @@ def measure(decoder, rows: torch.Tensor | None, max_draft: int = 16, reps: int =
             _timed(dm, ctx[:1], len(ctx))
             draft, dworst, bad = _point(dm, ctx[:1], len(ctx), reps + 2)
             noisy |= bad
+            dcurve = {1: dworst if noisy else draft}
+            for k in DRAFT_KS:
+                if k < len(ctx):
+                    say(f"draft, {k} tokens")
+                    med_k, worst_k, bad = _point(dm, ctx[:k], len(ctx), reps)
+                    dcurve[k] = max(worst_k if noisy else med_k, dcurve[1])
     target.reset()
     use = worst if noisy else med
-    cal = Calibration(Costs(dworst if noisy else draft, dict(use), draft_prefill=draft_prefill), prefill,
+    cal = Calibration(Costs(dworst if noisy else draft, dict(use), draft_prefill=draft_prefill,
+                            draft_curve=dcurve if len(dcurve) > 1 else {}), prefill,
                       source="measured", noisy=noisy, seconds=time.perf_counter() - start, measured=sorted(use))
     if noisy:
         cal.notes.append("the machine was too noisy for a stable measurement (forwards spread more than "
@@ -405,8 +416,10 @@ def load(key: dict) -> tuple[Calibration | None, str]:
                           measured=list(p.get("measured", [])))
     except _READ_ERRORS as e:
         return None, f"calibration cache {cache_path(key)} cannot be read ({type(e).__name__})"
-    if not cal.costs.target or cal.costs.target_cost(1) <= 0:
-        return None, f"calibration cache {cache_path(key)} holds no usable costs"
+    bad = cal.costs.problems() or ([] if math.isfinite(cal.prefill) and cal.prefill >= 0 else
+                                   [f"target prefill is {cal.prefill}"])
+    if bad:  # a file edited by hand with its checksum recomputed, say
+        return None, f"calibration cache {cache_path(key)} holds unusable costs ({bad[0]})"
     return cal, ""
 
 

@@ -47,6 +47,12 @@ class Costs:
     #: ``c_tree(k)``: a target forward over ``k`` tokens with a tree mask (candidate branches), where measured;
     #: empty: priced as a chain
     tree: dict[int, float] = field(default_factory=dict)
+    #: ``c_d(k)``: a draft forward over ``k`` new tokens (a phrase check), where measured; empty: ``c_d`` at any ``k``
+    draft_curve: dict[int, float] = field(default_factory=dict)
+
+    def draft_cost(self, k: int) -> float:
+        """``c_d(k)``: a draft forward over ``k`` new tokens (``c_d`` where the curve was not measured)."""
+        return interpolate(self.draft_curve, k) if self.draft_curve else self.draft
 
     def target_cost(self, k: int) -> float:
         """``c_t(k)``: linear between measured points, proportional to ``k`` beyond the last one."""
@@ -69,30 +75,34 @@ class Costs:
                 blocks[-1][1] += count
         values = [b[0] / b[1] for b in blocks for _ in range(int(b[1]))]
         return Costs(self.draft, dict(zip(sorted(self.target), values, strict=True)), self.policy_per_check,
-                     self.draft_prefill, dict(self.tree))
+                     self.draft_prefill, dict(self.tree), dict(self.draft_curve))
 
     def scaled(self, draft: float, target: float) -> Costs:
         return Costs(self.draft * draft, {k: v * target for k, v in self.target.items()}, self.policy_per_check,
-                     self.draft_prefill * draft, {k: v * target for k, v in self.tree.items()})
+                     self.draft_prefill * draft, {k: v * target for k, v in self.tree.items()},
+                     {k: v * draft for k, v in self.draft_curve.items()})
 
     def to_dict(self) -> dict:
         d = {"draft": self.draft, "target": {str(k): v for k, v in sorted(self.target.items())},
              "policy_per_check": self.policy_per_check, "draft_prefill": self.draft_prefill}
         if self.tree:
             d["tree"] = {str(k): v for k, v in sorted(self.tree.items())}
+        if self.draft_curve:
+            d["draft_curve"] = {str(k): v for k, v in sorted(self.draft_curve.items())}
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> Costs:
         return cls(float(d["draft"]), {int(k): float(v) for k, v in d["target"].items()},
                    float(d.get("policy_per_check", 0.0)), float(d.get("draft_prefill", 0.0)),
-                   {int(k): float(v) for k, v in (d.get("tree") or {}).items()})
+                   {int(k): float(v) for k, v in (d.get("tree") or {}).items()},
+                   {int(k): float(v) for k, v in (d.get("draft_curve") or {}).items()})
 
     def problems(self) -> list[str]:
         """What makes these costs unusable (empty: none): every value finite, ``c_t`` and ``c_d`` positive,
         prefill costs non-negative."""
         bad = []
-        for name, curve in (("target", self.target), ("tree", self.tree)):
+        for name, curve in (("target", self.target), ("tree", self.tree), ("draft", self.draft_curve)):
             for k, v in curve.items():
                 if not (isinstance(k, int) and k >= 1 and math.isfinite(v) and v > 0):
                     bad.append(f"{name} cost at k={k} is {v}")
@@ -363,6 +373,22 @@ class CostAwarePolicy(DraftPolicy):
 
     #: the most candidate-branch tokens one verification may score
     MAX_BRANCH = 16
+
+    def phrase_room(self, fed: int, accept: list[float]) -> int:
+        """A phrase (Ouroboros) pays like a draft token: the draft checks ``L`` phrase tokens in the forward that
+        reads its ``fed`` unread tokens, for ``c_d(fed + L) - c_d(fed)`` more, and each phrase token it agrees with
+        saves a draft forward of its own (``c_d(1)``). ``accept[j]``: the chance that the draft agrees with phrase
+        token ``j + 1`` given the ones before (learned by the drafter). Returns the ``L`` with the largest expected
+        saving, 0 when none saves (a dear draft curve, or phrases the draft rarely agrees with)."""
+        c1, base = self.costs.draft_cost(1), self.costs.draft_cost(max(fed, 1))
+        best, best_gain, expect, survive = 0, 0.0, 0.0, 1.0
+        for L, a in enumerate(accept, 1):
+            survive *= a
+            expect += survive
+            gain = expect * c1 - (self.costs.draft_cost(max(fed, 1) + L) - base)
+            if gain > best_gain:
+                best, best_gain = L, gain
+        return min(best, self.inner.phrase_room(fed, accept))
 
     def update(self, state: DraftState, result: RoundResult) -> None:
         self.inner.update(state, result)

@@ -73,6 +73,27 @@ class PhrasePool:
         self.index: dict[Key, OrderedDict[Key, None]] = {}
         self.generation = 0
         self.added: Counter = Counter()
+        #: how often the draft agreed with phrase token ``j`` (index ``j - 1``) after agreeing with the ones before:
+        #: ``[agreed, checked]`` per position (:meth:`agreement`); kept with the pool across generations
+        self.agreed = [[0, 0] for _ in range(ngram)]
+        self.skipped = 0  # lookups left out since the last phrase check (see PhraseDrafter._phrase_len)
+
+    #: prior of :meth:`agreement`: the chance, and its weight in phrase checks
+    AGREE_PRIOR, AGREE_WEIGHT = 0.5, 2.0
+
+    def agreement(self, n: int) -> list[float]:
+        """The chance that the draft agrees with phrase token ``j`` given the ones before, ``j = 1..n``."""
+        out = []
+        for j in range(min(n, self.ngram)):
+            a, c = self.agreed[j]
+            out.append((a + self.AGREE_PRIOR * self.AGREE_WEIGHT) / (c + self.AGREE_WEIGHT))
+        return out
+
+    def learn_agreement(self, checked: int, agreed: int) -> None:
+        """A phrase of ``checked`` tokens of which the draft's argmax matched the first ``agreed``."""
+        for j in range(min(checked, agreed + 1, self.ngram)):
+            self.agreed[j][1] += 1
+            self.agreed[j][0] += j < agreed
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -348,9 +369,10 @@ class PhraseDrafter(TokenDrafter):
             ctx = tokens + p.state.tokens
             pending = ctx[self.backend.length :]
             room = budget - p.n  # tokens this forward may still add (its phrase tokens + the draft's own)
-            found = self._timed(self.pool.lookup, ctx, 1) if room > 1 else []
+            most = self._phrase_len(policy, len(pending), room - 1)
+            found = self._timed(self.pool.lookup, ctx, 1) if most > 0 else []
             key, phrase = found[0] if found else ((), ())
-            phrase = list(phrase[: room - 1])
+            phrase = list(phrase[:most])
             start = self.backend.length + len(pending)  # cache length once pending is in
             logits, hidden = self.backend.forward(pending + phrase, hidden=p.layers is not None, keep=len(phrase) + 1)
             p.forwards += 1
@@ -360,6 +382,8 @@ class PhraseDrafter(TokenDrafter):
             k = 0
             while k < len(phrase) and phrase[k] == guess[k]:
                 k += 1
+            if phrase:
+                self.pool.learn_agreement(len(phrase), k)
             new = phrase[:k] + [guess[k]]  # the draft's own greedy tokens
             kept = 0
             for j, x in enumerate(new):
@@ -381,6 +405,26 @@ class PhraseDrafter(TokenDrafter):
                 self._leftover = new[kept:]  # agreed by the draft but cut by the policy / budget
                 break
         return p.draft()
+
+    #: where phrases do not pay, one lookup in this many still checks a one-token phrase (so that the agreement
+    #: estimate keeps learning)
+    EXPLORE = 16
+
+    def _phrase_len(self, policy, fed: int, most: int) -> int:
+        """The longest phrase worth checking in a draft forward that reads ``fed`` unread tokens (at most
+        ``most``): the policy prices it (:meth:`pacer.policies.DraftPolicy.phrase_room`) from the pool's learned
+        agreement; where none pays, a one-token check now and then keeps the estimate learning."""
+        if most <= 0:
+            return 0
+        n = policy.phrase_room(fed, self.pool.agreement(most))
+        if n > 0:
+            self.pool.skipped = 0
+            return n
+        self.pool.skipped += 1
+        if self.pool.skipped >= self.EXPLORE:
+            self.pool.skipped = 0
+            return 1
+        return 0
 
     def _add_candidates(self, tokens: list[int], draft: Draft) -> None:
         ctx = tokens + draft.tokens

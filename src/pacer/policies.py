@@ -148,6 +148,12 @@ class DraftPolicy:
         unbounded unless a cost model says otherwise."""
         return 1 << 30
 
+    def phrase_room(self, fed: int, accept: list[float]) -> int:
+        """How many phrase tokens (Ouroboros) the draft may check in a forward that reads ``fed`` unread tokens,
+        given ``accept[j]``, the chance it agrees with phrase token ``j + 1`` after the ones before; unbounded
+        unless a cost model says otherwise."""
+        return len(accept)
+
     def survival_ahead(self, state: DraftState) -> float | None:
         """A raw score, on :meth:`survival`'s scale, that ``d_1..d_{n+1}`` all survive, for a policy that can
         score the next token before it is drafted (prompt lookup knows its match); ``None`` otherwise. The

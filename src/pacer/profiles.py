@@ -142,7 +142,7 @@ class Profile:
         d = _at_context(self.draft_cost, context) if self.draft_cost else {1: 0.0}
         tree = _at_context(self.tree_cost, context) if self.tree_cost else {}
         return Costs(d.get(1, min(d.values())), dict(_at_context(self.target_cost, context)),
-                     draft_prefill=self.draft_prefill, tree=dict(tree))
+                     draft_prefill=self.draft_prefill, tree=dict(tree), draft_curve=dict(d) if len(d) > 1 else {})
 
     def c1(self, context: int = 32) -> float:
         return interpolate(_at_context(self.target_cost, context), 1)
@@ -258,7 +258,8 @@ class Profile:
                    {"fingerprint": key.get("draft"), "dtype": key.get("draft_dtype"), "rows": key.get("draft_rows")}
                    if key.get("draft") else None,
                    {ctx: dict(cal.costs.target)}, {ctx: cal.prefill} if cal.prefill > 0 else {},
-                   {ctx: {1: cal.costs.draft}} if cal.costs.draft > 0 else {}, cal.costs.draft_prefill,
+                   {ctx: dict(cal.costs.draft_curve) or {1: cal.costs.draft}} if cal.costs.draft > 0 else {},
+                   cal.costs.draft_prefill,
                    {ctx: dict(cal.costs.tree)} if cal.costs.tree else {}, source=f"calibration ({cal.source})")
 
 
