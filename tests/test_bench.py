@@ -379,6 +379,41 @@ def test_questions_file_end_to_end(tmp_path):
     s = json.loads((out / "summary.json").read_text())
     assert {"category:qa", "category:translation"} <= set(s["groups"])
     assert Path(out / "run.json").exists()
+    # the same ids in another file name are another question set: refused on resume, nothing appended
+    other = tmp_path / "other.jsonl"
+    other.write_text(q.read_text())
+    before = (out / "answers.jsonl").read_text()
+    assert main(["bench", "--quick", "--questions", str(other), "--max-new-tokens", "6", "--no-progress",
+                 "--methods", "ar,sd:gamma=2", "--out", str(out), "--resume"]) == 2
+    assert (out / "answers.jsonl").read_text() == before
+
+
+def test_a_run_json_changed_by_hand_is_refused(tmp_path, capsys):
+    out = tmp_path / "o"
+    argv = ["bench", "--quick", "--n", "1", "--max-new-tokens", "4", "--no-progress", "--methods", "ar,sd",
+            "--out", str(out)]
+    assert main(argv) == 0
+    meta = json.loads((out / "run.json").read_text())
+    assert "sha256" in meta
+    (out / "run.json").write_text(json.dumps({**meta, "max_new_tokens": 8}, indent=2))
+    capsys.readouterr()
+    assert main([*argv[:5], "8", *argv[6:], "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "changed by hand" in err and "\n" not in err
+    assert main(["bench", "--out", str(out), "--report-only"]) == 2
+
+
+def test_near_tie_table_shows_steps_or_gap_over_noise_by_criterion():
+    from pacer.bench.report import markdown
+
+    div = [{"dataset": "d", "question_id": 1, "method": "sd", "repeat": 0, "turn": 0, "index": 5, "top2_gap": 0.1,
+            "gap": 0.125, "resolution": 0.0625, "noise": 0.0, "near_tie": True},
+           {"dataset": "d", "question_id": 2, "method": "sd", "repeat": 0, "turn": 0, "index": 7, "top2_gap": 0.2,
+            "gap": 0.2, "resolution": 1.9e-6, "noise": 0.5, "near_tie": True}]
+    md = markdown({"divergences": div, "groups": {}, "methods": [], "draft_length_summary": {}}, {})
+    rows = [line for line in md.splitlines() if line.startswith("| d/")]
+    assert "| 2.0 | 0.000 | - |" in rows[0]  # bf16-like: 2 steps of the dtype, no noise
+    assert "| - | 0.500 | 0.40 |" in rows[1] and "105263" not in rows[1]  # llama.cpp: gap/noise, no float32 steps
 
 
 def test_second_run_on_a_busy_folder_is_refused(tmp_path, capsys):

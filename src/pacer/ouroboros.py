@@ -297,6 +297,10 @@ class PhraseDrafter(TokenDrafter):
         else:
             self.pool = PhrasePool(ngram, pool_size, key_len)
         self.pool_file = Path(pool_file) if pool_file else None
+        if self.pool_file is not None:  # it is saved after the generation: refuse a path that cannot be written now
+            from .io import check_out_file
+
+            check_out_file(self.pool_file, "pool_file")
         if self.pool_file is not None and self.pool_file.exists() and len(self.pool) == 0:
             self.pool.load(self.pool_file, vocab)
         self.counts: Counter = Counter()

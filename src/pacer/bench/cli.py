@@ -185,12 +185,34 @@ def load_questions(args: argparse.Namespace):
 
 
 def _read_meta(out: Path) -> dict:
+    """``run.json`` of a run in ``out`` (``{}``: none), refused when it was changed by hand (its ``sha256`` is of
+    the rest of it; files written before the checksum existed are taken as they are)."""
     try:
-        return json.loads((out / "run.json").read_text())
+        meta = json.loads((out / "run.json").read_text())
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as e:
         raise PacerError(f"{out / 'run.json'} is unreadable ({e})") from None
+    if not isinstance(meta, dict):
+        raise PacerError(f"{out / 'run.json'} is not a pacer bench run.json; start a new --out")
+    want = meta.pop("sha256", None)
+    if want is not None and want != _meta_sha256(meta):
+        raise PacerError(f"{out / 'run.json'} was changed by hand (its checksum does not match); start a new --out")
+    return meta
+
+
+def _meta_sha256(meta: dict) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
+
+
+def _write_meta(out: Path, meta: dict) -> None:
+    """Write ``run.json`` atomically with the checksum of its content (see :func:`_read_meta`)."""
+    from ..io import atomic_write_text
+
+    meta = {k: v for k, v in meta.items() if k != "sha256"}
+    atomic_write_text(out / "run.json", json.dumps({**meta, "sha256": _meta_sha256(meta)}, indent=2) + "\n")
 
 
 def _report(out: Path, specs_labels: list[str], meta: dict) -> dict:
@@ -240,9 +262,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     args.profile = Profile.load(args.costs) if args.costs else None  # refused before any model loads
     args.own = Profile.load(args.own_profile) if args.own_profile else None
+    from ..io import check_out_dir
+
     if out.exists() and not out.is_dir():
         raise PacerError(f"--out {out} exists and is not a folder")
+    check_out_dir(out)
     previous = _read_meta(out)
+    if args.resume and previous.get("questions") is not None:
+        asked = [q.key for q in questions]
+        if set(asked) != set(previous["questions"]):
+            new = [k for k in asked if k not in set(previous["questions"])]
+            raise PacerError(f"--resume: {out} answers another question set ({len(previous['questions'])} questions; "
+                             f"this command asks {len(asked)}" + (f", e.g. {new[0]} is new" if new else "")
+                             + "); resume with the run's own questions (its command is in run.json) or use another "
+                               "--out")
     has_answers = (out / "answers.jsonl").exists() and (out / "answers.jsonl").stat().st_size > 0
     if (previous or has_answers) and not args.resume:
         raise PacerError(f"--out {out} already holds a benchmark run; pass --resume to continue it, "
@@ -316,7 +349,7 @@ def recheck_lossless(out: Path) -> int:
                                   "git_commit": _git("rev-parse", "HEAD") or "unknown",
                                   "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
                                   "outputs": len(todo)}
-    atomic_write_text(out / "run.json", json.dumps(meta, indent=2) + "\n")
+    _write_meta(out, meta)
     summary = _report(out, meta.get("methods", []), meta)
     bad = sum(1 for d in summary["divergences"] if not d.get("near_tie"))
     print(f"pacer bench: rechecked {len(todo)} differing output(s) in {out} ({changed} diagnosis changed); "
@@ -330,7 +363,6 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
     import transformers
 
     from ..calibration import cpu_identity, describe_cpu
-    from ..io import atomic_write_text
     from .runner import Bench, warm_up
 
     # the code this process runs is what was on disk when it started: read the commit before the (long) loading
@@ -372,8 +404,12 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
             old = previous.get(k) or 0 if k == "draft_vocab" else previous.get(k, "transformers") \
                 if k == "backend" else previous[k]
             if old != config[k]:
+                hint = ""
+                if k == "draft_weights" and isinstance(old, str):
+                    hint = f" (pass --draft-quant {'int8' if old.startswith('int8') else 'none'} to load the draft " \
+                           f"as the run did)"
                 raise PacerError(f"--resume: {out} was run with {k}={old!r}, this run has "
-                                 f"{config[k]!r}; use the same settings or another --out")
+                                 f"{config[k]!r}{hint}; use the same settings or another --out")
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr)
@@ -435,7 +471,7 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
         flat = _kernel_flag(clocks.get("own"))
         if flat:
             meta["kernel_note"] = flat
-    atomic_write_text(out / "run.json", json.dumps(meta, indent=2) + "\n")
+    _write_meta(out, meta)
     from ..sampling import SamplingConfig
 
     sampling = SamplingConfig(args.temperature, seed=args.seed) if args.temperature > 0 else None

@@ -160,16 +160,19 @@ def markdown(summary: dict, meta: dict) -> str:
                  "blocks and alone, measured on the prefix's last 16 positions: llama.cpp's quantized kernels take "
                  "another path for blocks of 4 tokens or more; 0 on transformers); more is a real losslessness "
                  "failure.\n")
-        L.append("| question | method | repeat | turn | first differing token | top-2 gap | gap | steps "
-                 "| noise | near-tie |")
-        L.append("|---|---|---|---|---|---|---|---|---|---|")
+        L.append("| question | method | repeat | turn | first differing token | top-2 gap | gap | steps (dtype) "
+                 "| noise | gap / noise | near-tie |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for d in div:
             turn = d["turn"] + 1 if isinstance(d.get("turn"), int) else "-"
-            res, gap = d.get("resolution"), d.get("gap")
-            steps = gap / res if res and gap is not None else None
+            res, gap, noise = d.get("resolution"), d.get("gap"), d.get("noise") or 0.0
+            # a backend with block-vs-single noise (llama.cpp) is judged against the noise, not the dtype's
+            # resolution (a float32 logit's steps would read in the thousands there): one criterion per row
+            steps = gap / res if res and gap is not None and not noise else None
+            ratio = gap / noise if noise and gap is not None else None
             L.append(f"| {d['dataset']}/{d['question_id']} | {d['method']} | {d['repeat']} | {turn} | "
                      f"{d.get('index', '-')} | {_f(d.get('top2_gap'), '.4f')} | {_f(gap, '.4f')} | "
-                     f"{_f(steps, '.1f')} | {_f(d.get('noise'), '.3f')} | "
+                     f"{_f(steps, '.1f')} | {_f(noise, '.3f')} | {_f(ratio, '.2f')} | "
                      f"{'yes' if d.get('near_tie') else '**NO**'} |")
         L.append("")
     else:
