@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .costs import Costs, interpolate
-from .decoding.meter import TARGET, Call
+from .decoding.meter import DRAFT, TARGET, Call
 from .errors import PacerError
 
 FORMAT = "pacer-profile/1"
@@ -137,12 +137,16 @@ class Profile:
         return _interp1(self.target_prefill, n)
 
     def costs(self, context: int = 32) -> Costs:
-        """The cost-aware rule's :class:`~pacer.costs.Costs` at ``context`` (``c_d`` = the draft's one-token
-        cost; the tree curve where measured)."""
-        d = _at_context(self.draft_cost, context) if self.draft_cost else {1: 0.0}
-        tree = _at_context(self.tree_cost, context) if self.tree_cost else {}
-        return Costs(d.get(1, min(d.values())), dict(_at_context(self.target_cost, context)),
-                     draft_prefill=self.draft_prefill, tree=dict(tree), draft_curve=dict(d) if len(d) > 1 else {})
+        """The cost-aware rule's :class:`~pacer.costs.Costs` at ``context``, priced exactly as the clock prices a
+        forward there (:meth:`price`: the target's chain and tree curves, the draft's curve, each extended past
+        its measured ``k`` by the prefill per token), so that the rule decides on what the clock will charge."""
+        ks = sorted({*range(1, 18), 24, 32})
+        target = {k: self.price(Call(TARGET, k, context, False, 0.0)) for k in ks}
+        tree = {k: self.price(Call(TARGET, k, context, True, 0.0)) for k in ks} if self.tree_cost else {}
+        draft = {k: self.price(Call(DRAFT, k, context, False, 0.0)) for k in (1, 2, 3, 4, 6, 8, 12, 16)} \
+            if self.draft_cost else {1: 0.0}
+        return Costs(draft[1], target, draft_prefill=self.draft_prefill, tree=tree,
+                     draft_curve=draft if self.draft_cost else {})
 
     def c1(self, context: int = 32) -> float:
         return interpolate(_at_context(self.target_cost, context), 1)
