@@ -101,3 +101,22 @@ def test_a_block_score_is_the_survival_through_the_block_last_token():
         _, blk = layer(torch.randn(1, 6, 4), torch.randn(1, 6, 3))
     survival = torch.sigmoid(c).cumprod(0)
     assert torch.sigmoid(blk[0]).tolist() == pytest.approx(survival[[1, 3, 5]].tolist(), rel=1e-5)
+
+
+def test_cumprob_stops_once_the_product_of_draft_probabilities_falls_below_the_threshold():
+    from pacer.policies import CumProbPolicy, DraftState
+
+    pol = CumProbPolicy(threshold=0.5, min_draft=1, max_draft=8)
+    st = DraftState()
+    assert pol.should_continue(st)  # nothing drafted yet
+    for p in (0.9, 0.8, 0.7):  # products 0.9, 0.72, 0.504: all at or above 0.5
+        st.prob.append(p)
+        st.tokens.append(1)
+        assert pol.should_continue(st)
+    assert pol.survival(st) == pytest.approx(0.9 * 0.8 * 0.7)
+    st.prob.append(0.9)
+    st.tokens.append(1)
+    assert not pol.should_continue(st)  # 0.4536 < 0.5
+    assert CumProbPolicy(threshold=None).should_continue(st)  # under the cost rule: its survival decides
+    with pytest.raises(Exception, match="cumprob threshold"):
+        CumProbPolicy(threshold=1.5)

@@ -1,9 +1,9 @@
 """The training-free draft-length rules: fixed ``γ``, Hugging Face's heuristic schedule, and the draft's
-confidence and entropy (llama.cpp's ``--draft-p-min`` is the confidence rule)."""
+confidence, entropy and cumulative probability (llama.cpp's ``--draft-p-min`` is the confidence rule)."""
 
 from __future__ import annotations
 
-from ..policies import ConfidencePolicy, EntropyPolicy, FixedPolicy, HeuristicPolicy
+from ..policies import ConfidencePolicy, CumProbPolicy, EntropyPolicy, FixedPolicy, HeuristicPolicy
 from .registry import Build, Method, Option, register
 
 #: the length of the fixed rules when ``gamma`` is not given (their cap under the cost-aware rule)
@@ -40,3 +40,5 @@ register(Method("confidence", "stop once the draft's top probability falls below
 register(Method("entropy", "stop once the draft's entropy exceeds a threshold (AdaEDL-like)",
                 lambda b: EntropyPolicy(**b.bounds, **threshold_of(b)),
                 options=(Option("threshold", float, _THRESHOLD_HELP, minimum=0.0, explicit=True),)))
+register(Method("cumprob", "stop once the product of the draft's probabilities of its tokens falls below a threshold",
+                lambda b: CumProbPolicy(**b.bounds, **threshold_of(b)), options=(THRESHOLD,)))
