@@ -316,3 +316,30 @@ def test_calibrate_prints_the_curve_and_plots_it(capsys, pair, tmp_path, monkeyp
     assert rc == 0 and json.loads(out)["source"] == "measured"  # calibrate always measures afresh
     rc, out, err = run(capsys, pair, "calibrate", "--plot", str(tmp_path / "curve.jpg"))
     assert rc == 2 and "--plot" in err
+    rc, out, err = run(capsys, pair, "calibrate", "--plot", "/proc/nope/x.png")  # refused before measuring
+    assert rc == 2 and "--plot /proc/nope/x.png cannot be written" in err and "calibrat" not in out
+
+
+def test_calibrate_exports_a_cost_profile_that_generate_and_bench_take(capsys, pair, tmp_path, monkeypatch):
+    """``pacer calibrate --export``: a profile of this pair with c_t(k) at each context, tree and draft curves;
+    ``pacer generate --costs`` decides and clocks with it; another backend's profile is refused in one line."""
+    from pacer.profiles import Profile
+
+    monkeypatch.setenv("PACER_HOME", str(tmp_path / "home"))
+    path = tmp_path / "p.json"
+    rc, out, err = run(capsys, pair, "calibrate", "--export", str(path), "--contexts", "8,40")
+    assert rc == 0, err
+    p = Profile.load(path)
+    assert set(p.target_cost) == {8, 40} and set(p.tree_cost) == {8, 40} and 1 in p.draft_cost[8]
+    assert p.target["dtype"] == "float32" and p.backend == "transformers" and f"profile {p.name}" in out
+    rc, out, err = run(capsys, pair, "generate", "def f(x):", "--method", "sd", "--max-new-tokens", "8", "--json",
+                       "--costs", str(path))
+    assert rc == 0, err
+    clock = json.loads(out)["profile_clock"]
+    assert clock["seconds"] > 0 and clock["wall_seconds"] > 0 and p.name in clock["profile"]
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps({**doc, "backend": "llamacpp"}))
+    rc, out, err = run(capsys, pair, "generate", "def f(x):", "--max-new-tokens", "4", "--costs", str(path))
+    assert rc == 2 and "llamacpp backend" in err and len(err.strip().splitlines()) == 1
+    rc, out, err = run(capsys, pair, "calibrate", "--export", str(tmp_path), "--contexts", "8")
+    assert rc == 2 and "existing folder" in err

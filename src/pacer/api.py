@@ -29,7 +29,7 @@ from .decoding import (
     speculative_generate,
 )
 from .decoding.meter import DRAFT, TARGET, metered
-from .errors import PacerError
+from .errors import ContextError, PacerError
 from .policies import DraftPolicy
 from .sampling import SamplingConfig
 from .stats import GenerationStats
@@ -215,7 +215,7 @@ class Decoder:
         if not ids:
             raise PacerError("the prompt is empty; pass some text")
         if len(ids) >= self.target.context:
-            raise PacerError(
+            raise ContextError(
                 f"the prompt has {len(ids)} tokens but the model's context is {self.target.context}; "
                 f"shorten the prompt"
             )

@@ -3,3 +3,7 @@
 
 class PacerError(Exception):
     """Bad input or an unusable file: the message says what is wrong and what to do."""
+
+
+class ContextError(PacerError):
+    """A prompt longer than the model's context (a benchmark skips such a question instead of stopping)."""

@@ -485,11 +485,13 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
     except BaseException:
         try:  # leave a report of what finished, then let the interruption / error through
             if bench.records:
+                meta["skipped"] = bench.skipped
                 _report(out, labels, meta)
                 log(f"pacer bench: partial report written to {out / 'report.md'}; continue with --resume")
         except Exception as e:  # noqa: BLE001
             log(f"pacer bench: could not write the partial report: {e}")
         raise
+    meta["skipped"] = bench.skipped
     summary = _report(out, labels, meta)
     _print_summary(summary, out)
     return 0

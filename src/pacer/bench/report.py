@@ -138,7 +138,11 @@ def markdown(summary: dict, meta: dict) -> str:
         L.append(f"- differences re-diagnosed with `--recheck-lossless` ({rc.get('outputs')} outputs) on "
                  f"{rc.get('when')} at `{str(rc.get('git_commit'))[:12]}`"
                  + (" (dirty)" if rc.get("git_dirty") else ""))
-    planned = len(meta.get("methods") or []) * len(meta.get("questions") or []) * int(meta.get("repeats") or 1)
+    skipped = meta.get("skipped") or []
+    planned = len(meta.get("methods") or []) * len(meta.get("questions") or []) * int(meta.get("repeats") or 1) \
+        - sum(int(sk.get("runs", 1)) for sk in skipped)
+    for sk in skipped:
+        L.append(f"- {sk['method']} not run on {sk['question']} (repeat {sk['repeat']}): {sk['why']}")
     if planned and summary.get("records", planned) < planned:
         L.append(f"- **PARTIAL RUN: {summary['records']} of {planned} planned (question, method, repeat) runs are "
                  f"finished; continue it with the same command and `--resume`**")
