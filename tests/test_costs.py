@@ -427,3 +427,39 @@ def test_a_calibration_cache_with_unusable_values_is_measured_again(tmp_path, mo
         cal_mod.save(cal_mod.Calibration(costs, 0.01, key))
         cal, why = cal_mod.load(key)
         assert cal is None and "unusable" in why
+
+
+def test_gain_pays_prices_the_round_at_the_tokens_it_scores_on_a_sloped_curve():
+    """A round that drafted ``n`` tokens scores ``n + 1``: pricing it with ``c_t(n)`` would draft on where the
+    curve turns steep (here the third token would look nearly free)."""
+    sloped = Costs(draft=0.1, target={1: 1.0, 2: 1.0, 3: 1.0, 4: 2.0, 5: 3.0})
+    assert gain_pays([0.9], 0.8, sloped)  # c_t(3) - c_t(2) = 0: a second token pays
+    assert not gain_pays([0.9, 0.8], 0.7, sloped)  # the third makes it score 4: one more forward's worth
+    E, T, dT = 2.7, 2 * 0.1 + 1.0, 0.1 + 2.0 - 1.0  # by hand: S_3 T < E dT
+    assert 0.7 * T < E * dT
+
+
+def test_the_cost_rule_decides_on_the_monotone_curve():
+    """A measured c_t(2) < c_t(1) (a slower one-row kernel) must not make a hopeless first token look free."""
+    dip = Costs(draft=0.03, target={1: 0.3, 2: 0.2, 4: 0.3, 8: 0.32})
+    pol = CostAwarePolicy(FixedPolicy(gamma=4, min_draft=0), dip, refine=0.0, memory=CostMemory(alpha=0.05))
+    assert pol.costs.target[1] == pol.costs.target[2] == pytest.approx(0.25)
+    assert not pol.should_continue(DraftState())  # on the raw curve c_t(2) - c_t(1) < 0 would say "go"
+    hopeful = CostAwarePolicy(FixedPolicy(gamma=4, min_draft=0), dip, refine=0.0, memory=CostMemory(alpha=0.9))
+    assert hopeful.should_continue(DraftState())
+
+
+def test_cpu_identity_reports_the_isa_flags_of_this_cpu():
+    """The calibration key tells machines apart by their ISA flags: they must be read, not left empty."""
+    from pathlib import Path
+
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        pytest.skip("no /proc/cpuinfo here")
+    line = next((ln for ln in text.splitlines() if ln.split(":")[0].strip() in ("flags", "Features")), "")
+    present = set(line.partition(":")[2].split())
+    want = [f for f in cal_mod.ISA_FLAGS if f in present]
+    if not want:
+        pytest.skip("this CPU has none of the ISA flags pacer keys on")
+    assert cal_mod.cpu_identity()["flags"] == want
