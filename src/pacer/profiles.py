@@ -42,7 +42,7 @@ from .errors import PacerError
 
 FORMAT = "pacer-profile/1"
 #: contexts ``pacer calibrate --export`` measures at (tokens cached before the scored ones)
-CONTEXTS = (32, 512, 2048)
+CONTEXTS = (32, 128, 512, 2048)
 #: target ``k`` it measures (1 .. ``max_draft + 1`` sparsely, as :mod:`pacer.calibration` does)
 TARGET_KS = (1, 2, 3, 4, 6, 8, 12, 17)
 TREE_KS = (4, 8, 12, 17)
