@@ -286,12 +286,12 @@ def cache_path(key: dict) -> Path:
     return pacer_home() / "calibration" / f"{_key_hash(key)[:20]}.json"
 
 
-def _timed(cm, tokens: list[int], base: int) -> float:
-    """Seconds of one forward of ``tokens`` on backend ``cm`` (its device synchronised around it), then the cache is
-    cropped back to ``base`` tokens."""
+def _timed(cm, tokens: list[int], base: int, keep: int = 1, tree=None) -> float:
+    """Seconds of one forward of ``tokens`` on backend ``cm`` (its device synchronised around it; ``keep`` rows of
+    logits, as a ``tree`` where given), then the cache is cropped back to ``base`` tokens."""
     devices.synchronize(cm.device)
     t = time.perf_counter()
-    cm.forward(tokens, keep=1)
+    cm.forward(tokens, keep=keep, tree=tree)
     devices.synchronize(cm.device)
     dt = time.perf_counter() - t
     cm.crop(base)

@@ -142,10 +142,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     cal = dec.calibration(dec.draft_rows(dec.draft_vocab))
     print(f"measured costs ({cal.source}): {cal.costs.curve()}")
     print(f"=> {cal.verdict()}")
-    if cal.costs.target_cost(2) < cal.costs.target_cost(1):
-        print(f"note: plain decoding runs a slower kernel than a two-token forward here (c_t(1) "
-              f"{cal.costs.target_cost(1) * 1e3:.0f} ms > c_t(2) {cal.costs.target_cost(2) * 1e3:.0f} ms): "
-              f"speedups over plain decoding include that")
+    if note := cal.costs.slow_one_row_note():
+        print(f"note: {note}")
     anchor = None
     if args.backend == "transformers":  # the user's real anchor: llama.cpp's plain decoding of the same GGUF
         from .bench.cli import _anchor_decoder

@@ -120,21 +120,30 @@ class Costs:
         return ("target " + " ".join(f"k={k}:{self.target_cost(k) * 1e3:.0f}" for k in ks)
                 + f" ms per forward; draft {self.draft * 1e3:.0f} ms per token")
 
+    def slow_one_row_note(self) -> str:
+        """A note where plain decoding runs a slower kernel than a two-token forward (``c_t(2) < c_t(1)``), else
+        ``""``."""
+        c1, c2 = self.target_cost(1), self.target_cost(2)
+        if c2 >= c1:
+            return ""
+        return (f"plain decoding runs a slower kernel than a two-token forward here (c_t(1) {c1 * 1e3:.0f} ms > "
+                f"c_t(2) {c2 * 1e3:.0f} ms): speedups over plain decoding include that")
+
     def verification_growth(self, k: int = 8) -> float:
         """``c_t(k) / c_t(1)``: ~1 where verifying a block is nearly free, ~``k`` where it costs ``k`` forwards."""
         return self.target_cost(k) / self.target_cost(1)
 
 
-def interpolate(curve: dict[int, float], k: int) -> float:
-    """A cost curve at ``k``: linear between measured points, proportional to ``k`` beyond the last one, the
-    first point below it."""
+def interpolate(curve: dict[int, float], k: int, clamp: bool = False) -> float:
+    """A cost curve at ``k``: linear between measured points, the first point below it, and beyond the last one
+    proportional to ``k`` (a forward's cost) or, with ``clamp``, the last point (a cost per token)."""
     ks = sorted(curve)
     if k <= ks[0]:
         return curve[ks[0]]
     for a, b in zip(ks, ks[1:], strict=False):
         if a <= k <= b:
             return curve[a] + (curve[b] - curve[a]) * (k - a) / (b - a)
-    return curve[ks[-1]] * k / ks[-1]
+    return curve[ks[-1]] if clamp else curve[ks[-1]] * k / ks[-1]
 
 
 def gain_pays(S: list[float], S_next: float, costs: Costs, spent: float | None = None, free: bool = False) -> bool:
@@ -218,6 +227,7 @@ class CostMemory:
         self.calibrator = SurvivalCalibrator()
         self.hits = [prior * alpha] * (positions + 1)
         self.trials = [prior] * (positions + 1)
+        self.branch_offered = self.branch_gained = 0.0  # candidate-branch tokens scored / accepted
 
     def alpha(self, i: int = 1) -> float:
         """``α_i``; a position seen rarely leans on the one before it (its prior is ``α_{i-1}``, weight
@@ -230,8 +240,6 @@ class CostMemory:
 
     #: prior of :meth:`branch_yield`: accepted tokens per branch token offered, weight in tokens
     BRANCH_PRIOR, BRANCH_WEIGHT = 0.25, 8.0
-    branch_offered = 0.0
-    branch_gained = 0.0
 
     def branch_yield(self) -> float:
         """Accepted tokens per candidate-branch token the target scored in rounds whose whole draft survived

@@ -312,12 +312,8 @@ class PhraseDrafter(TokenDrafter):
         self._seen = 0
 
     # ----------------------------------------------------------------------------------------------- pool
-    def _learn(self, seq: list[int], source: str, first_cont: int | None = None, **kw) -> None:
-        """Add ``seq``'s n-grams from ``source`` (if used); a ``first_cont`` learns a partial tail (lookahead,
-        verify)."""
+    def _learn(self, seq: list[int], source: str, **kw) -> None:
         if source in self.sources:
-            if first_cont is not None:
-                kw.update(first_cont=first_cont, partial=True)
             self.pool.add_sequence(seq, source, **kw)
 
     def _sync(self, tokens: list[int]) -> None:
@@ -354,11 +350,11 @@ class PhraseDrafter(TokenDrafter):
         self._last = draft
         return draft
 
-    def _timed(self, fn, *args):
-        """``fn(*args)``, its seconds counted as pool work (``Draft.pool_time``)."""
+    def _timed(self, fn, *args, **kw):
+        """``fn(*args, **kw)``, its seconds counted as pool work (``Draft.pool_time``)."""
         t = time.perf_counter()
         try:
-            return fn(*args)
+            return fn(*args, **kw)
         finally:
             self._pool_seconds += time.perf_counter() - t
 
@@ -404,7 +400,7 @@ class PhraseDrafter(TokenDrafter):
                 if k < len(phrase):
                     # Jacobi iterate: the draft's argmax at every position from the first disagreement on
                     tail = (ctx + phrase[:k])[-self.pool.key_len :]
-                    self._timed(self._learn, tail + guess[k:], "lookahead", len(tail))
+                    self._timed(self._learn, tail + guess[k:], "lookahead", first_cont=len(tail), partial=True)
             if kept < len(new):
                 self._leftover = new[kept:]  # agreed by the draft but cut by the policy / budget
                 break

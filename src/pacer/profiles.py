@@ -75,19 +75,6 @@ def _at_context(curves: Curves, context: int) -> dict[int, float]:
     return {k: curves[lo][k] + w * (curves[hi].get(k, curves[lo][k]) - curves[lo][k]) for k in ks}
 
 
-def _interp1(points: dict[int, float], x: int) -> float:
-    """A per-token cost at ``x``: linear between measured points, clamped outside."""
-    xs = sorted(points)
-    if x <= xs[0]:
-        return points[xs[0]]
-    if x >= xs[-1]:
-        return points[xs[-1]]
-    for a, b in zip(xs, xs[1:], strict=False):
-        if a <= x <= b:
-            return points[a] + (points[b] - points[a]) * (x - a) / (b - a)
-    return points[xs[-1]]
-
-
 @dataclass
 class Profile:
     """One machine's measured costs for one pair on one backend (see the module docstring)."""
@@ -134,7 +121,7 @@ class Profile:
         if not self.target_prefill:
             curve = _at_context(self.target_cost, n)
             return curve[max(curve)] / max(curve)
-        return _interp1(self.target_prefill, n)
+        return interpolate(self.target_prefill, n, clamp=True)
 
     def costs(self, context: int = 32) -> Costs:
         """The cost-aware rule's :class:`~pacer.costs.Costs` at ``context``, priced exactly as the clock prices a
@@ -288,12 +275,11 @@ def measure(dec, contexts: Sequence[int] = CONTEXTS, reps: int = 3, name: str = 
             say: Callable[[str], None] = lambda s: None) -> Profile:
     """This machine's profile for ``dec``'s pair (see the module docstring; ``pacer calibrate --export``)."""
     import statistics
-    import time
 
     import torch
 
     from . import devices
-    from .calibration import cpu_identity, describe_cpu
+    from .calibration import _timed, cpu_identity, describe_cpu
     from .decoding.backend import Tree
 
     target = dec.target
@@ -304,18 +290,9 @@ def measure(dec, contexts: Sequence[int] = CONTEXTS, reps: int = 3, name: str = 
     def ids(n: int, offset: int = 0) -> list[int]:
         return [(1000 + 7 * (i + offset)) % vocab for i in range(n)]
 
-    def timed(b, toks: list[int], base: int, keep: int, tree: Tree | None = None) -> float:
-        devices.synchronize(b.device)
-        t = time.perf_counter()
-        b.forward(toks, keep=keep, tree=tree)
-        devices.synchronize(b.device)
-        dt = time.perf_counter() - t
-        b.crop(base)
-        return dt
-
     def point(b, toks, base, keep, tree=None) -> float:
-        timed(b, toks, base, keep, tree)  # warm-up of this shape
-        return statistics.median(timed(b, toks, base, keep, tree) for _ in range(reps))
+        _timed(b, toks, base, keep, tree)  # warm-up of this shape
+        return statistics.median(_timed(b, toks, base, keep, tree) for _ in range(reps))
 
     def tree_of(k: int) -> Tree:
         """A main chain of about half the tokens and two branches after it (as Ouroboros builds them)."""
@@ -345,7 +322,7 @@ def measure(dec, contexts: Sequence[int] = CONTEXTS, reps: int = 3, name: str = 
                 continue
             say(f"target prefill of {n} tokens")
             target.reset()
-            pre[n] = min(timed(target, ids(n), 0, 1) for _ in range(2)) / n
+            pre[n] = min(_timed(target, ids(n), 0) for _ in range(2)) / n
         for c in contexts:
             target.reset()
             target.forward(ids(c), keep=1)
@@ -363,7 +340,7 @@ def measure(dec, contexts: Sequence[int] = CONTEXTS, reps: int = 3, name: str = 
             dm.forward(ids(8), keep=1)
             dm.reset()
             n = min(128, limit)
-            draft_prefill = min(timed(dm, ids(n), 0, 1) for _ in range(2)) / n
+            draft_prefill = min(_timed(dm, ids(n), 0) for _ in range(2)) / n
             for c in contexts:
                 dm.reset()
                 dm.forward(ids(c), keep=1)

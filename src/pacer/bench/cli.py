@@ -468,9 +468,9 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
                                      "machine": args.profile.machine.get("describe"), "notes": profile_notes,
                                      "c_t1": args.profile.c1()}
     if not args.quick:
-        flat = _kernel_flag(clocks.get("own"))
-        if flat:
-            meta["kernel_note"] = flat
+        note = clocks["own"].costs().slow_one_row_note() if "own" in clocks else ""
+        if note:
+            meta["kernel_note"] = note
     _write_meta(out, meta)
     from ..sampling import SamplingConfig
 
@@ -512,21 +512,6 @@ def _anchor_decoder(args: argparse.Namespace, dec):
     except (PacerError, ImportError) as e:
         print(f"pacer bench: note: no llama.cpp anchor ({e})", file=sys.stderr)
         return None
-
-
-def _kernel_flag(own) -> str:
-    """A note where plain decoding runs a slower kernel than a two-token forward (``c_t(2) < c_t(1)``)."""
-    if own is None:
-        return ""
-    from ..costs import interpolate
-    from ..profiles import _at_context
-
-    curve = _at_context(own.target_cost, 32)
-    c1, c2 = interpolate(curve, 1), interpolate(curve, 2)
-    if c2 < c1:
-        return (f"plain decoding runs a slower kernel than a two-token forward here (c_t(1) {c1 * 1e3:.0f} ms > "
-                f"c_t(2) {c2 * 1e3:.0f} ms): speedups over `ar` include that")
-    return ""
 
 
 def _print_summary(summary: dict, out: Path) -> None:
