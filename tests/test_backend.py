@@ -18,10 +18,10 @@ from pacer.decoding import (
     autoregressive_generate,
     speculative_generate,
 )
+from pacer.decoding.stats import GenerationStats
 from pacer.ouroboros import PhraseDrafter
 from pacer.policies import ConfidencePolicy, DraftPolicy, EntropyPolicy, FixedPolicy, HeuristicPolicy, OraclePolicy
 from pacer.sampling import SamplingConfig
-from pacer.stats import GenerationStats
 
 V = 17
 

@@ -3,9 +3,9 @@
 import pytest
 
 from pacer.decoding import ModelBackend, Output, TokenDrafter, speculative_generate
+from pacer.decoding.stats import GenerationStats
 from pacer.policies import DraftPolicy, FixedPolicy, RoundResult
 from pacer.sampling import SamplingConfig
-from pacer.stats import GenerationStats
 
 PROMPTS = ["hello world, this is", "def f(x):\n    return", "a", "The 3 quick brown foxes"]
 METHODS = ["sd", "heuristic", "confidence", "entropy", "oracle"]

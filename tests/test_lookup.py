@@ -11,9 +11,9 @@ import torch
 from conftest import FLAT
 from pacer import Decoder, SamplingConfig
 from pacer.decoding import Output, speculative_generate
+from pacer.decoding.stats import GenerationStats
 from pacer.methods.lookup import LookupDrafter, LookupPolicy
 from pacer.models import LoadedModel
-from pacer.stats import GenerationStats
 from pacer.tiny import save_tiny_pair, tiny_pair
 from test_backend import FakeBackend, V
 from test_sampling import PROMPT, _small_target, chi2_pvalue, exact_joint

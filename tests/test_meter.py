@@ -11,10 +11,10 @@ import pytest
 from pacer.costs import CostAwarePolicy, Costs
 from pacer.decoding import Output, TokenDrafter, autoregressive_generate, speculative_generate
 from pacer.decoding.meter import DRAFT, PARTS, TARGET, Call, MeteredBackend, breakdown, metered, recording
+from pacer.decoding.stats import GenerationStats
 from pacer.ouroboros import PhraseDrafter
 from pacer.policies import DraftPolicy, FixedPolicy
 from pacer.sampling import SamplingConfig
-from pacer.stats import GenerationStats
 from test_backend import FakeBackend
 
 PROMPT = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]

@@ -12,12 +12,12 @@ import pytest
 
 from pacer.decoding import Output, TokenDrafter, speculative_generate
 from pacer.decoding.meter import DRAFT, TARGET, Call, MeteredBackend
+from pacer.decoding.stats import GenerationStats
 from pacer.errors import PacerError
 from pacer.ouroboros import PhraseDrafter
 from pacer.policies import FixedPolicy
 from pacer.profiles import FORMAT, Profile, clock, default_name
 from pacer.sampling import SamplingConfig
-from pacer.stats import GenerationStats
 from test_backend import FakeBackend
 
 PAIR_T = {"fingerprint": "t" * 64, "dtype": "bfloat16"}

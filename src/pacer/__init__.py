@@ -3,9 +3,9 @@
 from . import methods
 from .api import Decoder, generate
 from .decoding import GenerationResult
+from .decoding.stats import GenerationStats
 from .errors import PacerError
 from .sampling import SamplingConfig
-from .stats import GenerationStats
 
 __version__ = "0.1.0"
 __all__ = ["methods", "Decoder", "GenerationResult", "GenerationStats", "PacerError", "SamplingConfig", "generate"]

@@ -29,10 +29,10 @@ from .decoding import (
     speculative_generate,
 )
 from .decoding.meter import DRAFT, TARGET, metered
+from .decoding.stats import GenerationStats
 from .errors import ContextError, PacerError
 from .policies import DraftPolicy
 from .sampling import SamplingConfig
-from .stats import GenerationStats
 
 END_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>")
 

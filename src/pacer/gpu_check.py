@@ -53,9 +53,9 @@ from .decoding import (
     autoregressive_generate,
     speculative_generate,
 )
+from .decoding.stats import GenerationStats
 from .policies import DraftPolicy, DraftState, FixedPolicy, OraclePolicy, RoundResult
 from .sampling import SamplingConfig
-from .stats import GenerationStats
 
 KS = (1, 2, 4, 8, 16, 32)
 GAMMAS = tuple(range(1, 9))

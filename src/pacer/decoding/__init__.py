@@ -5,6 +5,7 @@
 * :mod:`.tree`        - :class:`Draft`, one round's proposal, and its verification as a token tree;
 * :mod:`.drafters`    - :class:`Drafter` and :class:`TokenDrafter`, and the policy handshake :class:`Proposal`;
 * :mod:`.output`      - :class:`Output` (stops exactly at EOS / stop strings / the budget), :class:`GenerationResult`;
+* :mod:`.stats`       - :class:`GenerationStats`, a generation's statistics with their definitions;
 * :mod:`.loop`        - :func:`speculative_generate` (five numbered steps) and :func:`autoregressive_generate`;
 * :mod:`.diagnostics` - :func:`first_divergence` and the near-tie criterion.
 """

@@ -28,11 +28,11 @@ import torch
 
 from ..policies import DraftPolicy, RoundResult
 from ..sampling import SamplingConfig, acceptance_probs, pick, verify_greedy, verify_sampling, warp
-from ..stats import GenerationStats
 from .backend import ModelBackend
 from .drafters import Drafter
 from .meter import recording
 from .output import Output
+from .stats import GenerationStats
 
 
 def autoregressive_generate(

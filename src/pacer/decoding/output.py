@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import PacerError
-from ..stats import GenerationStats
+from .stats import GenerationStats
 
 
 class Output:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-from ..stats import GenerationStats
+from ..decoding.stats import GenerationStats
 
 DRAFT_LENGTH_BUCKETS = (0, 1, 2, 4, 8, 16, 32)
 

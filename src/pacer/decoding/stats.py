@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .decoding.meter import Call
+    from .meter import Call
 
 
 @dataclass
@@ -99,7 +99,7 @@ class GenerationStats:
 
     def breakdown(self) -> dict[str, float]:
         """Seconds by part of the wall time (see the module docstring); the parts add up to ``wall_time``."""
-        from .decoding.meter import breakdown
+        from .meter import breakdown
 
         return breakdown(self.wall_time, self.calls, self.time_policy, self.time_pool)
 
