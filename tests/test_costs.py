@@ -1,6 +1,7 @@
-"""The cost-aware rule (pacer.costs) and this machine's calibration (pacer.calibration): drafting goes on only
-where it pays on the measured costs, never at a loss where verification is not free, and a calibration is
-measured once per machine and pair, re-measured whenever what it depends on changes, and never trusted damaged."""
+"""The cost-aware rule (pacer.policies.cost_aware, on pacer.costs) and this machine's calibration
+(pacer.calibration): drafting goes on only where it pays on the measured costs, never at a loss where verification
+is not free, and a calibration is measured once per machine and pair, re-measured whenever what it depends on changes,
+and never trusted damaged."""
 
 import json
 
@@ -9,8 +10,9 @@ import torch
 
 from pacer import Decoder
 from pacer import calibration as cal_mod
-from pacer.costs import CostAwarePolicy, CostMemory, Costs, SurvivalCalibrator, catch_up_pays, gain_pays
+from pacer.costs import Costs
 from pacer.policies import DraftState, FixedPolicy, RoundResult
+from pacer.policies.cost_aware import CostAwarePolicy, CostMemory, SurvivalCalibrator, catch_up_pays, gain_pays
 from pacer.tiny import tiny_pair
 
 PROMPTS = ["hello world, this is", "def f(x):\n    return"]

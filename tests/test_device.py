@@ -18,9 +18,9 @@ from pacer import Decoder, PacerError, devices, methods, models
 from pacer.calibration import calibration_key, measure
 from pacer.costs import Costs
 from pacer.decoding import TransformersBackend
+from pacer.policies.learned import PacerPolicy, SpecDecPPPolicy
 from pacer.preverify.features import FeatureSpec
 from pacer.preverify.layer import PreVerifier, TokenHead
-from pacer.preverify.policy import PacerPolicy, SpecDecPPPolicy
 from pacer.sampling import SamplingConfig
 from pacer.tiny import save_tiny_pair, tiny_pair
 

@@ -12,8 +12,9 @@ from conftest import FLAT
 from pacer import Decoder, SamplingConfig
 from pacer.decoding import Output, speculative_generate
 from pacer.decoding.stats import GenerationStats
-from pacer.methods.lookup import LookupDrafter, LookupPolicy
+from pacer.methods.lookup import LookupDrafter
 from pacer.models import LoadedModel
+from pacer.policies import LookupPolicy
 from pacer.tiny import save_tiny_pair, tiny_pair
 from test_backend import FakeBackend, V
 from test_sampling import PROMPT, _small_target, chi2_pvalue, exact_joint
@@ -83,7 +84,8 @@ def test_the_cost_rule_drafts_confident_lookups_where_a_prior_would_not():
     """Verification not free: an extra scored token costs 0.65 of a forward, so a free token pays only when it
     survives with probability >= 0.65 - more than the rule's prior acceptance (0.6). A 3-token match (confidence
     0.75) is drafted from the first round on; 1-token matches (0.35) never are."""
-    from pacer.costs import CostAwarePolicy, Costs
+    from pacer.costs import Costs
+    from pacer.policies.cost_aware import CostAwarePolicy
 
     costs = Costs(draft=0.0, target={1: 1.0, 2: 1.65, 4: 2.95, 8: 5.55, 16: 10.75})
     prompt = [1, 2, 3, 4, 5]

@@ -9,10 +9,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pacer import PacerError, SamplingConfig
+from pacer.policies.learned import PacerPolicy, SpecDecPPPolicy, load_checkpoint, make_learned_policy
 from pacer.preverify.collect import collect, load_dataset
 from pacer.preverify.features import FeatureSpec
 from pacer.preverify.layer import PreVerifier, TokenHead, param_count
-from pacer.preverify.policy import PacerPolicy, SpecDecPPPolicy, load_checkpoint, make_learned_policy
 from pacer.preverify.train import Costs, roc_auc, simulate, stop_lengths, train
 
 COSTS = Costs(draft=0.1, target={1: 0.3, 8: 0.32, 16: 0.4, 24: 0.5})
@@ -381,7 +381,7 @@ def test_retune_rechooses_the_threshold_for_new_costs(tmp_path):
 def test_damaged_manifests_and_features_that_do_not_fit_are_one_line_errors(tmp_path, close):
     import copy
 
-    from pacer.preverify.policy import load_checkpoint
+    from pacer.policies.learned import load_checkpoint
 
     data = synthetic_collection(tmp_path / "data", rounds=60)
     (data / "manifest.json").write_text('{"shards": [')

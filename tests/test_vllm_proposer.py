@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from pacer.costs import CostMemory, Costs, gain_pays
+from pacer.costs import Costs
 from pacer.decoding.meter import TARGET, Call
 from pacer.errors import PacerError
 from pacer.integrations.vllm import (
@@ -32,6 +32,7 @@ from pacer.integrations.vllm import (
 )
 from pacer.methods.lookup import KEY_CONFIDENCE
 from pacer.ouroboros import PhrasePool, learn_committed
+from pacer.policies.cost_aware import CostMemory, gain_pays
 from pacer.profiles import Profile
 
 #: verification nearly free / growing like k (a CPU: nothing pays) / in between

@@ -18,7 +18,7 @@ import torch
 
 from . import devices, methods, models
 from .calibration import Calibration
-from .costs import CostAwarePolicy, CostMemory, Costs
+from .costs import Costs
 from .decoding import (
     Drafter,
     GenerationResult,
@@ -31,7 +31,8 @@ from .decoding import (
 from .decoding.meter import DRAFT, TARGET, metered
 from .decoding.stats import GenerationStats
 from .errors import ContextError, PacerError
-from .policies import DraftPolicy
+from .policies.base import DraftPolicy
+from .policies.cost_aware import CostAwarePolicy, CostMemory
 from .sampling import SamplingConfig
 
 END_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>")
@@ -234,8 +235,8 @@ class Decoder:
         """The draft-length policy behind ``method`` with its policy options (e.g. ``threshold``).
 
         ``cost_aware`` (``None``: unless ``gamma`` or an option that pins a literal rule, such as a threshold, is
-        given): wrap the policy in the cost-aware rule of :mod:`pacer.costs` on this machine's costs for draft
-        vocabulary ``rows``. Then a rule's threshold gives way to the cost rule (an explicit one is kept), and
+        given): wrap the policy in the cost-aware rule of :mod:`pacer.policies.cost_aware` on this machine's costs
+        for draft vocabulary ``rows``. Then a rule's threshold gives way to the cost rule (an explicit one is kept), and
         ``min_draft`` defaults to 0, so a round where nothing pays is a plain decoding step."""
         m = methods.get(method)
         if not m.drafts:

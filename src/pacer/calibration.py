@@ -9,7 +9,7 @@ about ``k`` times one token's, on AVX-512/AMX CPUs it is nearly flat in ``k``. S
   (a 16-token bf16 forward takes seconds on such a CPU, and no draft can pay there anyway);
 * ``c_d`` - one draft token (one new token through the draft, with the drafter's vocabulary);
 * the prefill cost per prompt token of the target, and of the draft (``c_pre``: what a draft model pays to catch up
-  with tokens it has not read, see :func:`pacer.costs.catch_up_pays`).
+  with tokens it has not read, see :func:`pacer.policies.cost_aware.catch_up_pays`).
 
 Each point is the median of ``REPS`` forwards after a warm-up, with the cache cropped back between them (on a GPU
 each forward is timed between two ``torch.cuda.synchronize()`` calls, :func:`pacer.devices.synchronize`, so that it

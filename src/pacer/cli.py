@@ -108,7 +108,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     asked = args.backend
     resolve_args_backend(args)
     if args.method == "auto":  # PACER with the shipped pre-verifier on the default pair, plain SD on other pairs
-        from .preverify.policy import default_checkpoint
+        from .policies.learned import default_checkpoint
 
         shipped = (default_checkpoint("pacer", args.backend) / "config.json").exists()
         args.method = "pacer" if (args.draft == "default-draft" and shipped) or method_options(args).get("path") \

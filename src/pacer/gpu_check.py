@@ -14,12 +14,12 @@ measures, on the device:
   fraction of ``c_t(1)``; every forward is timed between two device synchronisations (:class:`TimedBackend`).
 
 Then it **simulates** decoding on acceptance traces with those costs: fixed ``γ`` = 1..8, the cost-aware rule
-(:class:`pacer.costs.CostAwarePolicy` over ``sd`` capped at 16, deciding on the forward costs and learning the
-acceptance per draft position as it goes) and the oracle length (:class:`pacer.policies.OraclePolicy`: drafts exactly
-the tokens the draft gets right; also under the cost-aware rule). A round costs ``γ c_d + c_t(γ + 1) + o(γ)`` (``o``:
-the measured overhead, linear in ``γ``); plain decoding ``c_t(1) + o_ar`` a token. Traces: the per-round accepted
-counts of the ``oracle`` method in the committed benchmark runs (``docs/bench/default-pair-n10/answers.jsonl``: the
-real Qwen2.5-Coder 1.5B/0.5B pair; a run of ``n`` accepted tokens is ``n`` agreements and one disagreement) and
+(:class:`pacer.policies.cost_aware.CostAwarePolicy` over ``sd`` capped at 16, deciding on the forward costs and
+learning the acceptance per draft position as it goes) and the oracle length (:class:`pacer.policies.OraclePolicy`:
+drafts exactly the tokens the draft gets right; also under the cost-aware rule). A round costs ``γ c_d + c_t(γ + 1) +
+o(γ)`` (``o``: the measured overhead, linear in ``γ``); plain decoding ``c_t(1) + o_ar`` a token. Traces: the per-round
+accepted counts of the ``oracle`` method in the committed benchmark runs (``docs/bench/default-pair-n10/answers.jsonl``:
+the real Qwen2.5-Coder 1.5B/0.5B pair; a run of ``n`` accepted tokens is ``n`` agreements and one disagreement) and
 i.i.d. per-token acceptance ``α`` in {0.6, 0.7, 0.8}.
 
 Writes ``gpu_check.json`` (every number) and ``gpu_check_costs.md`` (the Markdown section of the report) to
@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 from . import devices
-from .costs import CostAwarePolicy, CostMemory, Costs
+from .costs import Costs
 from .decoding import (
     ModelBackend,
     Output,
@@ -55,6 +55,7 @@ from .decoding import (
 )
 from .decoding.stats import GenerationStats
 from .policies import DraftPolicy, DraftState, FixedPolicy, OraclePolicy, RoundResult
+from .policies.cost_aware import CostAwarePolicy, CostMemory
 from .sampling import SamplingConfig
 
 KS = (1, 2, 4, 8, 16, 32)
@@ -442,8 +443,9 @@ def markdown(doc: dict) -> str:
     lines += ["", "(in brackets: as a fraction of one target forward c_t(1))", "",
               "## Simulated speedup over plain decoding", "",
               "Each round costs γ c_d + c_t(γ+1) + o(γ) with the costs above (o: the measured overhead, fitted linear "
-              "in γ); plain decoding c_t(1) + its overhead a token. Greedy; cost-aware: the rule of pacer.costs over "
-              f"sd capped at {AWARE_CAP}, learning the acceptance per position (no refinement from timings); "
+              "in γ); plain decoding c_t(1) + its overhead a token. Greedy; cost-aware: the rule of "
+              f"pacer.policies.cost_aware over sd capped at {AWARE_CAP}, learning the acceptance per position (no "
+              "refinement from timings); "
               "oracle: drafts exactly the tokens the draft gets right (cap 32).", ""]
     for name, t in doc["traces"].items():
         lines.append(f"- traces `{name}`: {t['traces']} turns, {t['tokens']} tokens, agreement {t['agreement']:.3f}")

@@ -12,7 +12,7 @@ import time
 import torch
 
 from ..errors import PacerError
-from ..policies import DraftPolicy, DraftState
+from ..policies.base import DraftPolicy, DraftState
 from ..sampling import SamplingConfig, pick, warp
 from .backend import ModelBackend
 from .tree import Draft

@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from ..policies import DraftPolicy, RoundResult
+from ..policies.base import DraftPolicy, RoundResult
 from ..sampling import SamplingConfig, acceptance_probs, pick, verify_greedy, verify_sampling, warp
 from .backend import ModelBackend
 from .drafters import Drafter

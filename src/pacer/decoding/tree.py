@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..policies import DraftState
+from ..policies.base import DraftState
 from .backend import Tree
 
 

@@ -23,17 +23,18 @@ sees token ids only: no request ids, no hidden states, no sampling settings, no 
   extend (:class:`RowMemory`). Identical prefixes in two rows get two states; states not seen for ``max_idle`` calls
   are dropped (the request ended or was preempted for long).
 * *Acceptance is learned per request*: the tokens a row committed tell how many of its last draft were accepted
-  (:func:`observed_acceptance`); they update the row's :class:`pacer.costs.CostMemory` (its survival calibrator).
+  (:func:`observed_acceptance`); they update the row's :class:`pacer.policies.cost_aware.CostMemory` (its survival
+  calibrator).
 * *Drafts* are prompt lookup, as pacer's ``lookup`` method (:mod:`pacer.methods.lookup`): continuations of the
   longest matching n-gram in a :class:`pacer.ouroboros.PhrasePool` of the request's prompt and output, each
   token with the lookup's confidence for its key length (:func:`lookup_draft`); the survival of ``d_1..d_i`` is the
   product of the confidences, calibrated by the row's memory (:func:`survival`), as pacer's cost-aware rule does.
 * *Lengths* (:func:`allocate`): all rows share one target forward, so the rule is pacer's
-  :func:`pacer.costs.gain_pays` on the batch: a forward scoring ``B`` decoding rows and ``D`` draft tokens yields
-  ``E = B + Σ S`` tokens in ``c_t(B + D)`` seconds; the next draft token with the highest survival is added while it
-  raises ``E / c_t``. For one row this is exactly pacer's single-generation rule for looked-up (free) tokens. Rows
-  therefore get different lengths in one step: a row whose lookup is confident drafts long, one without a match or
-  with a poor record drafts nothing.
+  :func:`pacer.policies.cost_aware.gain_pays` on the batch: a forward scoring ``B`` decoding rows and ``D`` draft
+  tokens yields ``E = B + Σ S`` tokens in ``c_t(B + D)`` seconds; the next draft token with the highest survival is
+  added while it raises ``E / c_t``. For one row this is exactly pacer's single-generation rule for looked-up (free)
+  tokens. Rows therefore get different lengths in one step: a row whose lookup is confident drafts long, one without a
+  match or with a poor record drafts nothing.
 
 **Costs**: the target's cost profile (``profile``: a ``pacer-profile/1`` file from ``pacer calibrate --export``,
 priced at each step's mean context and extended to batch-sized forwards by :meth:`pacer.profiles.Profile.price`; or
@@ -62,11 +63,12 @@ from typing import Any
 
 import numpy as np
 
-from ..costs import CostMemory, Costs, gain_pays
+from ..costs import Costs
 from ..decoding.meter import TARGET, Call
 from ..errors import PacerError
 from ..methods.lookup import KEY_CONFIDENCE
 from ..ouroboros import PhrasePool
+from ..policies.cost_aware import CostMemory, gain_pays
 from ..profiles import FORMAT as PROFILE_FORMAT
 from ..profiles import Profile
 
@@ -164,7 +166,7 @@ def lookup_draft(pool: PhrasePool, context: list[int], k: int) -> tuple[list[int
 def survival(memory: CostMemory, confidence: list[float]) -> tuple[list[float], list[float]]:
     """``(raw, S)``: ``raw[i-1]`` the product of the first ``i`` confidences (the lookup policy's survival score),
     ``S[i-1]`` the probability that ``d_1..d_i`` are all accepted: ``raw`` calibrated by the row's memory, never
-    rising along the draft (as :class:`pacer.costs.CostAwarePolicy` does)."""
+    rising along the draft (as :class:`pacer.policies.cost_aware.CostAwarePolicy` does)."""
     raw: list[float] = []
     S: list[float] = []
     r, prev = 1.0, 1.0
@@ -178,8 +180,9 @@ def survival(memory: CostMemory, confidence: list[float]) -> tuple[list[float], 
 
 def allocate(S_rows: list[list[float]], costs: Costs, decoding: int | None = None) -> list[int]:
     """Each row's draft length: greedily the next draft token with the highest survival, while
-    :func:`pacer.costs.gain_pays` says it raises the batch's expected tokens per second. ``S_rows[r]``: row ``r``'s
-    ``S_1..S_γ`` (non-increasing); ``decoding``: rows the forward scores one token for anyway (default: all rows).
+    :func:`pacer.policies.cost_aware.gain_pays` says it raises the batch's expected tokens per second.
+    ``S_rows[r]``: row ``r``'s ``S_1..S_γ`` (non-increasing); ``decoding``: rows the forward scores one token for
+    anyway (default: all rows).
 
     The batch as one round for ``gain_pays``: the ``B - 1`` other rows' certain tokens are survivals of 1, so
     ``E = 1 + (B - 1) + Σ S = B + Σ S`` and ``c_t(n + 1) = c_t(B + D)`` with ``D`` the drafted tokens: the forward that

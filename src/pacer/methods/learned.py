@@ -3,7 +3,7 @@ SpecDec++-style head); see :mod:`pacer.preverify`."""
 
 from __future__ import annotations
 
-from ..policies import DraftPolicy
+from ..policies.base import DraftPolicy
 from .registry import Build, Method, Option, register
 from .rules import THRESHOLD
 
@@ -13,7 +13,7 @@ BLOCK = Option("block", int, "pacer: block size b (default: the checkpoint's)", 
 
 def learned(kind: str):
     def build(b: Build) -> DraftPolicy:
-        from ..preverify.policy import load_policy
+        from ..policies.learned import load_policy
 
         opts = dict(b.options)
         if b.cost_aware and "threshold" not in opts:

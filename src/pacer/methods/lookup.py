@@ -13,13 +13,11 @@ Lossless in both modes: greedy, the target checks every token; sampling, the pro
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ..decoding import Draft, Drafter, Proposal
 from ..ouroboros import PhrasePool, learn_committed, rejection_phrase
-from ..policies import DraftState, FixedPolicy
+from ..policies.rules import LookupPolicy
 from .registry import Build, Method, Option, register
 
 #: the lookup's confidence that a token of a continuation found with a key of this many tokens is right: a prior
@@ -70,22 +68,6 @@ class LookupDrafter(Drafter):
         found = rejection_phrase(tokens, self._last.tokens, target_argmax, accepted, self.key_len)
         if found is not None:
             self.pool.add_sequence(found[0], "verify", first_cont=found[1], partial=True)
-
-
-class LookupPolicy(FixedPolicy):
-    """The fixed rule (at most ``γ`` looked-up tokens a round) whose survival score is the product of the lookup's
-    confidences, for the cost-aware rule, which also sees the next token's confidence before it is drafted (a
-    rule that only learned from drafted rounds would never start drafting where the prior does not pay)."""
-
-    name = "lookup"
-
-    def survival(self, state: DraftState) -> float | None:
-        return math.prod(state.confidence) if state.confidence else None
-
-    def survival_ahead(self, state: DraftState) -> float | None:
-        if state.next_confidence is None:
-            return None
-        return math.prod(state.confidence) * state.next_confidence
 
 
 def _policy(b: Build) -> LookupPolicy:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from ..api import Decoder
     from ..decoding import Drafter
-    from ..policies import DraftPolicy
+    from ..policies.base import DraftPolicy
 
 
 def parse_bool(text: str) -> bool:

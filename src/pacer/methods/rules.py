@@ -3,7 +3,7 @@ confidence, entropy and cumulative probability (llama.cpp's ``--draft-p-min`` is
 
 from __future__ import annotations
 
-from ..policies import ConfidencePolicy, CumProbPolicy, EntropyPolicy, FixedPolicy, HeuristicPolicy
+from ..policies.rules import ConfidencePolicy, CumProbPolicy, EntropyPolicy, FixedPolicy, HeuristicPolicy
 from .registry import Build, Method, Option, register
 
 #: the length of the fixed rules when ``gamma`` is not given (their cap under the cost-aware rule)

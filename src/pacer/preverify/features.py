@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..policies import DraftState
+from ..policies.base import DraftState
 
 #: name -> (state, token index, spec, history) -> value
 SCALARS: dict[str, Callable[[DraftState, int, FeatureSpec, RoundHistory], float]] = {

@@ -30,6 +30,7 @@ from torch import nn
 from ..costs import Costs
 from ..errors import PacerError
 from ..io import atomic_write_bytes, atomic_write_text
+from ..policies.learned import check_cost, load_checkpoint
 from .collect import load_dataset
 from .features import FeatureSpec
 from .layer import PreVerifier, TokenHead, param_count
@@ -408,33 +409,6 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
     return cfg
 
 
-@torch.inference_mode()
-def check_cost(kind: str, model: nn.Module, spec: FeatureSpec, reps: int = 30) -> float:
-    """Median seconds of one policy check as the policy runs it: the layer over a full draft (PACER) or one
-    token (SpecDec++), plus building the scalar features."""
-    import statistics
-
-    from ..policies import DraftState
-    from .features import RoundHistory, scalar_features
-
-    m = spec.max_draft if kind == "pacer" else 1
-    state = DraftState(tokens=[0] * m, prob=[0.5] * m, top_prob=[0.6] * m, entropy=[1.0] * m)
-    param = next(model.parameters(), None)
-    device = param.device if param is not None else torch.device("cpu")  # where the layer runs
-    h = torch.randn(m, spec.hidden_dim, device=device)
-    hist = RoundHistory()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        s = scalar_features(state, spec, hist).to(device)
-        if kind == "pacer":
-            model(h[None], s[None])
-        else:
-            model(h, s)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 def measure_costs(decoder) -> Costs:
     """This machine's costs for ``decoder`` with its draft vocabulary, measured afresh (:mod:`pacer.calibration`)."""
     return decoder.calibration(decoder.draft_rows(decoder.draft_vocab), refresh=True).costs
@@ -444,8 +418,6 @@ def retune(ckpt: Path, data_dir: Path, costs: Costs, min_draft: int | None = Non
     """Re-choose the threshold of an existing checkpoint for new costs (e.g. measured on another machine, or with a
     reduced draft vocabulary). It is tuned on the validation split of ``data_dir``, or on all of it with
     ``held_out`` (a collection none of whose prompts trained the checkpoint)."""
-    from .policy import load_checkpoint
-
     model, mu, sd, cfg = load_checkpoint(ckpt)
     data, manifest = load_dataset(data_dir)
     spec = FeatureSpec.from_dict(cfg["feature_spec"])

@@ -1,4 +1,6 @@
-"""Draft-length policies: the decoding loop asks one after every drafted token "draft another?".
+"""Draft-length policies: the decoding loop asks one after every drafted token "draft another?". This module holds
+the interface the loop needs (:class:`DraftState`, :class:`RoundResult`, :class:`DraftPolicy`); the policies are
+in :mod:`.rules`, :mod:`.oracle`, :mod:`.learned` and :mod:`.cost_aware`.
 
 A policy sees a :class:`DraftState` (what the draft computed so far this round) and, after verification, a
 :class:`RoundResult`. The loop itself enforces ``min_draft <= γ <= max_draft`` and the token budget, so a policy
@@ -7,12 +9,11 @@ only answers the question in between. Every method of the project uses the same 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, fields, replace
 
 import torch
 
-from .errors import PacerError
+from ..errors import PacerError
 
 
 @dataclass
@@ -85,7 +86,7 @@ class RoundResult:
 
 class DraftPolicy:
     """Base class. Subclasses override :meth:`should_continue` and optionally :meth:`update` / :meth:`reset`,
-    and, to feed the cost-aware rule (:mod:`pacer.costs`), :meth:`survival`.
+    and, to feed the cost-aware rule (:mod:`pacer.policies.cost_aware`), :meth:`survival`.
 
     What a policy needs from the loop is declared here, never probed: ``hidden_layers`` (draft hidden states),
     ``needs_soft`` (soft acceptance ``min(1, p/q)`` in every :class:`RoundResult`), ``check_seconds`` (what one
@@ -167,147 +168,3 @@ class DraftPolicy:
 
     def describe(self) -> str:
         return f"{self.name}(min={self.min_draft}, max={self.max_draft})"
-
-
-class FixedPolicy(DraftPolicy):
-    """Classic speculative decoding: always draft ``γ`` tokens."""
-
-    name = "sd"
-
-    def __init__(self, gamma: int = 4, min_draft: int | None = None, max_draft: int | None = None) -> None:
-        if gamma <= 0:
-            raise PacerError(f"gamma must be >= 1, got {gamma}")
-        super().__init__(min_draft if min_draft is not None else 1, max_draft if max_draft is not None else gamma)
-        self.gamma = gamma
-
-    def should_continue(self, state: DraftState) -> bool:
-        return state.n < self.gamma
-
-    def describe(self) -> str:
-        return f"sd(gamma={self.gamma})"
-
-
-class HeuristicPolicy(DraftPolicy):
-    """Hugging Face's ``heuristic`` schedule: γ += 2 after a fully accepted round, γ -= 1 otherwise (bounded)."""
-
-    name = "heuristic"
-
-    def __init__(self, gamma: int = 5, min_draft: int = 1, max_draft: int = 16) -> None:
-        super().__init__(min_draft, max_draft)
-        self.initial = gamma
-        self.gamma = gamma
-
-    def reset(self) -> None:
-        self.gamma = self.initial
-
-    def should_continue(self, state: DraftState) -> bool:
-        return state.n < self.gamma
-
-    def update(self, state: DraftState, result: RoundResult) -> None:
-        if result.drafted == 0:
-            return
-        step = 2 if result.accepted == result.drafted else -1
-        self.gamma = min(self.max_draft, max(max(self.min_draft, 1), self.gamma + step))
-
-
-class ConfidencePolicy(DraftPolicy):
-    """Stop once the draft's top probability for the last token falls below ``threshold`` (HF-style; llama.cpp's
-    ``--draft-p-min``). ``threshold=None``: no threshold; the survival proxy ``Π max q`` feeds the cost rule."""
-
-    name = "confidence"
-
-    def __init__(self, threshold: float | None = 0.4, min_draft: int = 1, max_draft: int = 16) -> None:
-        super().__init__(min_draft, max_draft)
-        if threshold is not None and not 0.0 <= threshold <= 1.0:
-            raise PacerError(f"{self.name} threshold must be in [0, 1], got {threshold}")
-        self.threshold = threshold
-
-    def should_continue(self, state: DraftState) -> bool:
-        return state.n == 0 or self.threshold is None or state.top_prob[-1] >= self.threshold
-
-    def survival(self, state: DraftState) -> float:
-        return math.prod(state.top_prob)
-
-
-class EntropyPolicy(DraftPolicy):
-    """AdaEDL / SVIP-like: stop once the draft's entropy for the last token exceeds ``threshold`` (nats).
-
-    AdaEDL bounds the acceptance probability from below by ``1 - sqrt(γ_e * H)``; stopping when that bound drops
-    under ``λ`` is the same as stopping when ``H > (1 - λ)^2 / γ_e``, i.e. an entropy threshold.
-    """
-
-    name = "entropy"
-
-    def __init__(self, threshold: float | None = 1.0, min_draft: int = 1, max_draft: int = 16) -> None:
-        super().__init__(min_draft, max_draft)
-        if threshold is not None and (threshold < 0 or math.isnan(threshold)):
-            raise PacerError(f"entropy threshold must be >= 0, got {threshold}")
-        self.threshold = threshold
-
-    def should_continue(self, state: DraftState) -> bool:
-        return state.n == 0 or self.threshold is None or state.entropy[-1] <= self.threshold
-
-    def survival(self, state: DraftState) -> float:
-        """``exp(-Σ H_i)``: 1 for a draft certain of every token, falling with every nat of doubt."""
-        return math.exp(-sum(state.entropy))
-
-
-class CumProbPolicy(ConfidencePolicy):
-    """Cumulative-probability stop: go on while the product of the draft's probabilities of its drafted tokens,
-    ``Π q(d_i)``, stays at or above ``threshold`` (the one draft-side rule a 2026 audit of adaptive draft length
-    found to keep a gain over the best fixed depth under held-out threshold choice). Under the cost-aware rule
-    (``threshold=None``) it decides on the same survival proxy."""
-
-    name = "cumprob"
-
-    def __init__(self, threshold: float | None = 0.3, min_draft: int = 1, max_draft: int = 16) -> None:
-        super().__init__(threshold, min_draft, max_draft)
-
-    def should_continue(self, state: DraftState) -> bool:
-        return state.n == 0 or self.threshold is None or self.survival(state) >= self.threshold
-
-    def survival(self, state: DraftState) -> float:
-        """``Π q(d_i)``: the draft's own estimate that it drafted the whole block right."""
-        return math.prod(state.prob)
-
-
-class OraclePolicy(DraftPolicy):
-    """Measurement only: knows, for every generated position, whether the draft's greedy token there equals the
-    target's greedy token (``agree``, from :meth:`pacer.decoding.Drafter.agreement`), and drafts exactly up to the
-    first mismatch - the best any length policy can do on a pair. Greedy decoding only."""
-
-    name = "oracle"
-    greedy_only = True
-
-    def __init__(self, agree: list[bool] | None = None, min_draft: int = 0, max_draft: int = 32) -> None:
-        super().__init__(min_draft, max_draft)
-        self.agree = agree
-        self.produced = 0  # tokens generated before this round
-
-    @property
-    def needs_reference(self) -> bool:
-        """Until it is given its agreement list (here or in the constructor)."""
-        return self.agree is None
-
-    def set_reference(self, agree: list[bool]) -> None:
-        self.agree = list(agree)
-
-    def reset(self) -> None:
-        self.produced = 0
-
-    def update(self, state: DraftState, result: RoundResult) -> None:
-        if result.committed <= 0:  # every round commits a token: 0 is a caller that did not say how many
-            raise PacerError("the oracle needs RoundResult.committed (the tokens a round appended to the output)")
-        self.produced += result.committed
-
-    def should_continue(self, state: DraftState) -> bool:
-        if self.agree is None:
-            raise PacerError("the oracle policy needs the target's continuation; use Decoder.generate(method='oracle')")
-        j = self.produced + state.n  # index (among generated tokens) of the token that would be drafted next
-        return j < len(self.agree) and self.agree[j]
-
-    def survival(self, state: DraftState) -> float:
-        return 1.0  # it drafted only agreeing tokens
-
-    def survival_next(self, state: DraftState) -> float:
-        return 1.0 if self.should_continue(state) else 0.0

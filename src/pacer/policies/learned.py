@@ -1,4 +1,5 @@
-"""The ``pacer`` and ``specdecpp`` draft-length policies, and checkpoint loading.
+"""The ``pacer`` and ``specdecpp`` draft-length policies, checkpoint loading, and what one check costs
+(:func:`check_cost`, which training records in a checkpoint too).
 
 ``pacer``: drafts in blocks of ``b`` tokens; at every block boundary the pre-verification layer scores the block
 (with the earlier blocks of the same draft as context) and drafting goes on only if the block passes
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from importlib import resources
 from pathlib import Path
 
@@ -19,9 +21,9 @@ import torch
 from safetensors.torch import load_file
 
 from ..errors import PacerError
-from ..policies import DraftPolicy, DraftState, RoundResult
-from .features import FeatureSpec, RoundHistory, scalar_features
-from .layer import PreVerifier, TokenHead
+from ..preverify.features import FeatureSpec, RoundHistory, scalar_features
+from ..preverify.layer import PreVerifier, TokenHead
+from .base import DraftPolicy, DraftState, RoundResult
 
 DEFAULT_CHECKPOINTS = {"pacer": "pacer-default", "specdecpp": "specdecpp-default"}
 
@@ -83,6 +85,30 @@ def load_checkpoint(path: Path | str, draft_fingerprint: str | None = None, draf
     return model, tensors["norm.mean"], tensors["norm.std"], cfg
 
 
+@torch.inference_mode()
+def check_cost(kind: str, model: torch.nn.Module, spec: FeatureSpec, reps: int = 30) -> float:
+    """Median seconds of one policy check as the policy runs it: the layer over a full draft (PACER) or one
+    token (SpecDec++), plus building the scalar features."""
+    import statistics
+
+    m = spec.max_draft if kind == "pacer" else 1
+    state = DraftState(tokens=[0] * m, prob=[0.5] * m, top_prob=[0.6] * m, entropy=[1.0] * m)
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")  # where the layer runs
+    h = torch.randn(m, spec.hidden_dim, device=device)
+    hist = RoundHistory()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        s = scalar_features(state, spec, hist).to(device)
+        if kind == "pacer":
+            model(h[None], s[None])
+        else:
+            model(h, s)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
 class _LearnedPolicy(DraftPolicy):
     """Shared parts: the feature spec, the scalar normaliser, the round history."""
 
@@ -95,14 +121,12 @@ class _LearnedPolicy(DraftPolicy):
         #: where the layer runs (with its normaliser): the CPU for a loaded checkpoint, whatever the draft's device
         self.device = mu.device
         #: ``None`` after construction: no threshold, the layer's survival score feeds the cost-aware rule
-        #: (:mod:`pacer.costs`); the constructor's ``None`` means the checkpoint's threshold
+        #: (:mod:`pacer.policies.cost_aware`); the constructor's ``None`` means the checkpoint's threshold
         self.threshold: float | None = float(cfg["threshold"] if threshold is None else threshold)
         if not 0.0 <= self.threshold <= 1.0:
             raise PacerError(f"threshold must be in [0, 1], got {self.threshold}")
         self.hidden_layers = spec.hidden_layers
         self.hist = RoundHistory()
-        from .train import check_cost
-
         self.check_seconds = check_cost(self.name, model, spec, reps=10)
         self._score: tuple[int, float] = (-1, 1.0)
 

@@ -1,0 +1,328 @@
+"""The cost-aware rule: whether one more draft token pays on this machine's measured costs
+(:class:`pacer.costs.Costs`: ``c_d``, ``c_t(k)``, ``c_p``, see :mod:`pacer.costs`).
+
+The rule (:class:`CostAwarePolicy`), in a round that has drafted ``n`` tokens. ``S_i`` is the probability that
+``d_1..d_i`` are all accepted: the policy's survival score (:meth:`pacer.policies.base.DraftPolicy.survival`: the
+pre-verifier's block score, the SpecDec++ head's product, a rule's proxy), mapped to a probability by a
+:class:`SurvivalCalibrator` that learns from the verifier's verdicts; a policy without a score uses
+``S_i = Π_{j<=i} α_j`` with ``α_j`` the running conditional acceptance at draft position ``j``. Both are kept in a
+:class:`CostMemory` across the generations of a decoder. ``S_0 = 1``. The round so far is expected to yield
+
+    ``E_n = 1 + Σ_{i<=n} S_i`` tokens in ``T_n = n (c_d + c_p) + c_t(n + 1)`` seconds.
+
+Drafting ``d_{n+1}`` adds ``ΔE = S_{n+1}`` expected tokens (``S_n · S_n / S_{n-1}``: the last token's conditional
+acceptance carried one step on; ``S_n · α_{n+1}`` without a score and at ``n = 0``) for
+``ΔT = c_d + c_p + c_t(n + 2) - c_t(n + 1)`` seconds, and goes on only when it raises the round's throughput:
+``ΔE / ΔT >= E_n / T_n``. At ``n = 0`` the right side is plain decoding's rate ``1 / c_t(1)``, so a draft token
+is only spent where it is expected to beat plain decoding. On a machine whose ``c_t(k)`` grows like
+``k · c_t(1)`` (verification not free) ``ΔT > c_t(1) >= ΔE · T_0``: no round drafts, and every round is a plain
+decoding step. The first draft token of a round whose draft model lags behind the committed tokens also pays for its
+catch-up (:func:`catch_up_pays`: the prompt's prefill through the draft, the first time), against what drafting
+saves over the tokens the generation may still emit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..costs import Costs
+from .base import DraftPolicy, DraftState, RoundResult
+
+
+def gain_pays(S: list[float], S_next: float, costs: Costs, spent: float | None = None, free: bool = False) -> bool:
+    """Does drafting ``d_{n+1}`` raise the round's expected throughput? ``S`` = ``[S_1..S_n]``, ``S_next`` =
+    ``S_{n+1}`` (see the module docstring for the terms). ``spent``: the round's drafting seconds so far (default
+    ``n (c_d + c_p)``); ``free``: ``d_{n+1}`` needs no draft forward (it came with a phrase), only ``c_p``."""
+    n = len(S)
+    E = 1.0 + sum(S)
+    T = (n * (costs.draft + costs.policy_per_check) if spent is None else spent) + costs.target_cost(n + 1)
+    dT = (0.0 if free else costs.draft) + costs.policy_per_check + costs.target_cost(n + 2) - costs.target_cost(n + 1)
+    return S_next * T >= E * dT
+
+
+def catch_up_pays(S_1: float, costs: Costs, catch_up: int, remaining: int) -> bool:
+    """Before the first draft token of a round the draft must read ``catch_up`` committed tokens it has not seen
+    (the prompt, the first time; the tokens of plain rounds since): a one-time ``C = catch_up · c_pre``. Drafting
+    from now on saves per emitted token ``s = c_t(1) - T_1 / E_1`` (one-token rounds: ``E_1 = 1 + S_1``,
+    ``T_1 = c_d + c_p + c_t(2)``; longer drafts save more, so this is conservative), over the ``remaining`` tokens
+    the generation may still emit. It pays when ``remaining · s > C``; with ``remaining`` unknown (0) the catch-up
+    is not counted."""
+    if remaining <= 0 or costs.draft_prefill <= 0:
+        return True
+    T1 = costs.draft + costs.policy_per_check + costs.target_cost(2)
+    saving = costs.target_cost(1) - T1 / (1.0 + S_1)
+    return remaining * saving > catch_up * costs.draft_prefill
+
+
+class SurvivalCalibrator:
+    """Maps a policy's raw survival score in [0, 1] to a probability, from the verifier's verdicts.
+
+    ``bins`` equal-width bins over the raw score; a bin's estimate is ``(a + w · s) / (m + w)`` for a raw score
+    ``s`` with ``a`` of the bin's ``m`` observations survived and a prior of weight ``w`` on the raw score itself
+    (so an unseen bin trusts the score). Each round adds one observation per drafted position ``i``: survived iff
+    ``i <= n``. :attr:`error` is the expected calibration error of the raw scores seen so far (the mean absolute
+    gap between a bin's mean raw score and its survival rate, weighted by the bin's observations)."""
+
+    def __init__(self, bins: int = 10, prior: float = 4.0) -> None:
+        self.bins, self.prior = bins, prior
+        self.hits = [0.0] * bins
+        self.seen = [0.0] * bins
+        self.raw_sum = [0.0] * bins
+
+    def _bin(self, s: float) -> int:
+        return min(self.bins - 1, max(0, int(s * self.bins)))
+
+    def __call__(self, s: float) -> float:
+        b = self._bin(s)
+        return (self.hits[b] + self.prior * s) / (self.seen[b] + self.prior)
+
+    def update(self, raw: list[float | None], accepted: int) -> None:
+        """``raw[i - 1]``: the score at draft position ``i`` (``None``: none there); ``accepted``: ``n``."""
+        for i, s in enumerate(raw, 1):
+            if s is None:
+                continue
+            b = self._bin(s)
+            self.seen[b] += 1
+            self.hits[b] += i <= accepted
+            self.raw_sum[b] += s
+
+    @property
+    def observations(self) -> int:
+        return int(sum(self.seen))
+
+    @property
+    def error(self) -> float:
+        total = sum(self.seen)
+        if not total:
+            return float("nan")
+        return sum(abs(self.raw_sum[b] - self.hits[b]) for b in range(self.bins) if self.seen[b]) / total
+
+
+class CostMemory:
+    """What the cost-aware rule learns about a pair from the verifier, kept across the generations of one method
+    on one :class:`pacer.api.Decoder` (a fresh rule would relearn it every prompt): the score calibrator and the
+    per-position conditional acceptance ``α_i = P(d_i accepted | d_1..d_{i-1} accepted)`` (Beta prior of weight
+    ``prior`` at ``alpha``; position ``i`` counts the rounds that drafted ``i`` tokens or more and accepted at
+    least ``i - 1``)."""
+
+    def __init__(self, alpha: float = 0.6, prior: float = 4.0, positions: int = 64) -> None:
+        self.alpha0, self.prior = alpha, prior
+        self.calibrator = SurvivalCalibrator()
+        self.hits = [prior * alpha] * (positions + 1)
+        self.trials = [prior] * (positions + 1)
+        self.branch_offered = self.branch_gained = 0.0  # candidate-branch tokens scored / accepted
+
+    def alpha(self, i: int = 1) -> float:
+        """``α_i``; a position seen rarely leans on the one before it (its prior is ``α_{i-1}``, weight
+        ``prior``), so a position a short-drafting rule never reaches is not stuck at the initial prior."""
+        i = min(max(i, 1), len(self.hits) - 1)
+        a = self.hits[1] / self.trials[1]
+        for j in range(2, i + 1):
+            a = (self.hits[j] - self.prior * self.alpha0 + self.prior * a) / self.trials[j]
+        return a
+
+    #: prior of :meth:`branch_yield`: accepted tokens per branch token offered, weight in tokens
+    BRANCH_PRIOR, BRANCH_WEIGHT = 0.25, 8.0
+
+    def branch_yield(self) -> float:
+        """Accepted tokens per candidate-branch token the target scored in rounds whose whole draft survived
+        (shrunk towards :attr:`BRANCH_PRIOR`)."""
+        return (self.branch_gained + self.BRANCH_PRIOR * self.BRANCH_WEIGHT) / \
+            (self.branch_offered + self.BRANCH_WEIGHT)
+
+    def branch_update(self, offered: int, gained: int) -> None:
+        self.branch_offered += offered
+        self.branch_gained += gained
+
+    def update(self, raw: list[float | None], drafted: int, accepted: int) -> None:
+        self.calibrator.update(raw[:drafted], accepted)
+        for i in range(1, min(accepted + 1, drafted, len(self.hits) - 1) + 1):
+            self.trials[i] += 1
+            self.hits[i] += i <= accepted
+
+
+@dataclass
+class CostReport:
+    """What the cost-aware rule saw in one generation (``GenerationResult.extra["cost_aware"]``)."""
+
+    costs: dict
+    alpha: float
+    zero_rounds: int = 0
+    rounds: int = 0
+    calibration_error: float = float("nan")
+    calibration_observations: int = 0
+    source: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["calibration_error"] = None if math.isnan(self.calibration_error) else round(self.calibration_error, 4)
+        d["alpha"] = round(self.alpha, 4)
+        return d
+
+
+class CostAwarePolicy(DraftPolicy):
+    """Wraps a policy: drafting goes on only while the wrapped policy wants to *and* the next token pays on this
+    machine's costs (:func:`gain_pays`). The wrapped policy's bounds, hidden layers and updates pass through.
+
+    ``refine``: after every round (the first of a generation, which holds both prefills, excepted) the measured
+    draft time per token and target time of the round update running averages (weight ``refine``, each clipped to
+    [1/4, 4]), as multipliers of the calibrated ``c_d`` and ``c_t`` curve: load on the machine shifts the
+    decisions. 0 keeps the given costs as they are."""
+
+    name = "cost-aware"
+
+    def __init__(self, inner: DraftPolicy, costs: Costs, source: str = "", refine: float = 0.2,
+                 memory: CostMemory | None = None) -> None:
+        super().__init__(inner.min_draft, inner.max_draft)
+        self.inner, self.base, self.source, self.refine = inner, costs.monotone(), source, refine
+        self.hidden_layers = inner.hidden_layers
+        self.needs_soft = inner.needs_soft
+        self.greedy_only = inner.greedy_only
+        self.check_seconds = inner.check_seconds
+        self.memory = memory or CostMemory()
+        self.calibrator = self.memory.calibrator
+        self.reset()
+
+    def reset(self) -> None:
+        self.inner.reset()
+        self.scale_d = self.scale_t = 1.0
+        self.costs = self.base
+        self.rounds = self.zero_rounds = 0
+        self._new_round()
+
+    def _new_round(self) -> None:
+        self.spent = 0.0  # drafting seconds of this round so far (as the cost model counts them) ...
+        self.counted = 0  # ... for its first ``counted`` tokens
+        self.S: list[float] = []
+        self.raw: list[float | None] = []
+
+    @property
+    def alpha(self) -> float:
+        """The running acceptance of the first draft token."""
+        return self.memory.alpha(1)
+
+    def _survival(self, state: DraftState) -> None:
+        """Extend ``S`` (and the raw scores ``raw``, ``None`` where the policy has none) to ``state.n`` entries;
+        positions the loop did not ask about (below ``min_draft``) get the score of the first one asked."""
+        raw = self.inner.survival(state)
+        while len(self.S) < state.n:
+            i = len(self.S) + 1
+            self.raw.append(raw)
+            prev = self.S[-1] if self.S else 1.0
+            self.S.append(prev * self.memory.alpha(i) if raw is None else min(prev, self.calibrator(raw)))
+
+    def should_continue(self, state: DraftState) -> bool:
+        if not self.inner.should_continue(state):
+            return False
+        self._survival(state)
+        n = state.n
+        if n > self.counted:  # tokens drafted below min_draft, without asking
+            self.spent += (n - self.counted) * (self.costs.draft + self.costs.policy_per_check)
+        exact = self.inner.survival_next(state)
+        ahead = self.inner.survival_ahead(state) if exact is None else None
+        S_n = self.S[-1] if n else 1.0
+        S_prev = self.S[-2] if n > 1 else 1.0
+        if exact is not None:
+            S_next = exact
+        elif ahead is not None:  # the policy scores d_{n+1} before it is drafted: calibrated like its survival
+            S_next = min(S_n, self.calibrator(ahead))
+        elif n == 0 or self.raw[-1] is None:  # no score: the learned acceptance of the next position
+            S_next = S_n * self.memory.alpha(n + 1)
+        else:  # the last token's conditional acceptance, carried one step on
+            S_next = S_n * min(1.0, S_n / S_prev if S_prev > 0 else 0.0)
+        go = gain_pays(self.S, S_next, self.costs, self.spent, state.next_is_free)
+        if go and n == 0 and state.catch_up and not catch_up_pays(S_next, self.costs, state.catch_up,
+                                                                   state.remaining):
+            go = False
+        if go:
+            self.spent += (0.0 if state.next_is_free else self.costs.draft) + self.costs.policy_per_check
+        self.counted = n + go
+        return go
+
+    def branch_room(self, drafted: int) -> int:
+        """Candidate-branch tokens (Ouroboros) pay like draft tokens: the ``b`` that maximises the round's expected
+        throughput ``(E_γ + S_γ · y · b) / (T_γ + c_tree(γ + 1 + b) - c_t(γ + 1))``, where a branch token is
+        only read when all ``γ`` draft tokens survive (``S_γ``) and then yields ``y`` accepted tokens (learned
+        from the verdicts, :meth:`CostMemory.branch_yield`); 0 when no ``b`` beats none (where verification costs
+        ``∝ k``, or a tree forward takes a dearer kernel). Nothing drafted: no branches."""
+        if drafted <= 0:
+            return 0
+        cap = min(self.inner.branch_room(drafted), self.MAX_BRANCH)
+        S = self.S[:drafted] + [self.S[-1] if self.S else 1.0] * (drafted - len(self.S))
+        E = 1.0 + sum(S)
+        k = drafted + 1
+        base = self.costs.target_cost(k)
+        T = max(self.spent, drafted * (self.costs.draft + self.costs.policy_per_check)) + base
+        gain = S[-1] * self.memory.branch_yield()
+        best, best_rate = 0, E / T
+        for b in range(1, cap + 1):
+            rate = (E + gain * b) / (T + self.costs.tree_cost(k + b) - base)
+            if rate > best_rate:
+                best, best_rate = b, rate
+        return best
+
+    #: the most candidate-branch tokens one verification may score
+    MAX_BRANCH = 16
+
+    def phrase_room(self, fed: int, accept: list[float]) -> int:
+        """A phrase (Ouroboros) pays like a draft token: the draft checks ``L`` phrase tokens in the forward that
+        reads its ``fed`` unread tokens, for ``c_d(fed + L) - c_d(fed)`` more, and each phrase token it agrees with
+        saves a draft forward of its own (``c_d(1)``). ``accept[j]``: the chance that the draft agrees with phrase
+        token ``j + 1`` given the ones before (learned by the drafter). Returns the ``L`` with the largest expected
+        saving, 0 when none saves (a dear draft curve, or phrases the draft rarely agrees with)."""
+        c1, base = self.costs.draft_cost(1), self.costs.draft_cost(max(fed, 1))
+        best, best_gain, expect, survive = 0, 0.0, 0.0, 1.0
+        for L, a in enumerate(accept, 1):
+            survive *= a
+            expect += survive
+            gain = expect * c1 - (self.costs.draft_cost(max(fed, 1) + L) - base)
+            if gain > best_gain:
+                best, best_gain = L, gain
+        return min(best, self.inner.phrase_room(fed, accept))
+
+    def update(self, state: DraftState, result: RoundResult) -> None:
+        self.inner.update(state, result)
+        γ, n = result.drafted, result.accepted
+        if result.branched and n == γ:  # the branches were read: what they yielded
+            self.memory.branch_update(result.branched, result.extended)
+        self.rounds += 1
+        self.zero_rounds += γ == 0
+        if γ:
+            self._survival(state)
+            self.memory.update(self.raw, γ, n)
+        if self.rounds > 1 and self.refine:
+            r = self.refine
+            if result.draft_forwards and result.draft_seconds > 0 and self.base.draft > 0:
+                obs = result.draft_seconds / result.draft_forwards / self.base.draft
+                self.scale_d += r * (min(4.0, max(0.25, obs)) - self.scale_d)
+            if result.verify_seconds > 0 and result.scored:
+                obs = result.verify_seconds / self.base.target_cost(result.scored)
+                self.scale_t += r * (min(4.0, max(0.25, obs)) - self.scale_t)
+            self.costs = self.base.scaled(self.scale_d, self.scale_t)
+        self._new_round()
+
+    def prepare(self, greedy: bool) -> None:
+        """Sampling: decide from the calibration only (no refinement from timings), so that a seeded sample is
+        reproducible."""
+        self.inner.prepare(greedy)
+        if not greedy:
+            self.refine = 0.0
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.inner.needs_reference
+
+    def set_reference(self, agree: list[bool]) -> None:
+        self.inner.set_reference(agree)
+
+    def cost_report(self) -> CostReport:
+        return CostReport(self.costs.to_dict(), self.alpha, self.zero_rounds, self.rounds, self.calibrator.error,
+                          self.calibrator.observations, self.source)
+
+    def report(self) -> dict[str, dict]:
+        return {**self.inner.report(), "cost_aware": self.cost_report().to_dict()}
+
+    def describe(self) -> str:
+        return f"cost-aware({self.inner.describe()})"
