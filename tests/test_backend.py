@@ -13,13 +13,13 @@ import torch
 from pacer.decoding import (
     ModelBackend,
     Output,
-    TokenDrafter,
     Tree,
     autoregressive_generate,
     speculative_generate,
 )
 from pacer.decoding.stats import GenerationStats
-from pacer.ouroboros import PhraseDrafter
+from pacer.drafters import TokenDrafter
+from pacer.drafters.phrase import PhraseDrafter
 from pacer.policies import ConfidencePolicy, DraftPolicy, EntropyPolicy, FixedPolicy, HeuristicPolicy, OraclePolicy
 from pacer.sampling import SamplingConfig
 

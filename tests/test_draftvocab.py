@@ -11,7 +11,8 @@ import torch
 
 from pacer import PacerError, SamplingConfig
 from pacer.bench.methods import parse_methods
-from pacer.decoding import TokenDrafter, TransformersBackend
+from pacer.decoding import TransformersBackend
+from pacer.drafters import TokenDrafter
 from pacer.draftvocab import coverage, frequent_ids, load_or_build, special_ids
 from pacer.policies import FixedPolicy
 from test_sampling import ALPHA, PROMPT, SMALL_VOCAB, _decoder, chi2_pvalue, exact_joint

@@ -2,8 +2,9 @@
 
 import pytest
 
-from pacer.decoding import ModelBackend, Output, TokenDrafter, speculative_generate
+from pacer.decoding import ModelBackend, Output, speculative_generate
 from pacer.decoding.stats import GenerationStats
+from pacer.drafters import TokenDrafter
 from pacer.policies import DraftPolicy, FixedPolicy, RoundResult
 from pacer.sampling import SamplingConfig
 

@@ -12,7 +12,7 @@ from conftest import FLAT
 from pacer import Decoder, SamplingConfig
 from pacer.decoding import Output, speculative_generate
 from pacer.decoding.stats import GenerationStats
-from pacer.methods.lookup import LookupDrafter
+from pacer.drafters.lookup import LookupDrafter
 from pacer.models import LoadedModel
 from pacer.policies import LookupPolicy
 from pacer.tiny import save_tiny_pair, tiny_pair

@@ -9,10 +9,11 @@ import time
 import pytest
 
 from pacer.costs import Costs
-from pacer.decoding import Output, TokenDrafter, autoregressive_generate, speculative_generate
+from pacer.decoding import Output, autoregressive_generate, speculative_generate
 from pacer.decoding.meter import DRAFT, PARTS, TARGET, Call, MeteredBackend, breakdown, metered, recording
 from pacer.decoding.stats import GenerationStats
-from pacer.ouroboros import PhraseDrafter
+from pacer.drafters import TokenDrafter
+from pacer.drafters.phrase import PhraseDrafter
 from pacer.policies import DraftPolicy, FixedPolicy
 from pacer.policies.cost_aware import CostAwarePolicy
 from pacer.sampling import SamplingConfig

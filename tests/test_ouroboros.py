@@ -7,9 +7,10 @@ import sys
 import pytest
 import torch
 
-from pacer.decoding import Draft, TokenDrafter, TransformersBackend, Tree
+from pacer.decoding import Draft, TransformersBackend, Tree
+from pacer.drafters import TokenDrafter
+from pacer.drafters.phrase import PhraseDrafter, PhrasePool, clear_shared_pools
 from pacer.errors import PacerError
-from pacer.ouroboros import PhraseDrafter, PhrasePool, clear_shared_pools
 from pacer.policies import ConfidencePolicy, DraftState, FixedPolicy
 from pacer.sampling import SamplingConfig
 

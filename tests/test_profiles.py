@@ -10,11 +10,12 @@ import time
 
 import pytest
 
-from pacer.decoding import Output, TokenDrafter, speculative_generate
+from pacer.decoding import Output, speculative_generate
 from pacer.decoding.meter import DRAFT, TARGET, Call, MeteredBackend
 from pacer.decoding.stats import GenerationStats
+from pacer.drafters import TokenDrafter
+from pacer.drafters.phrase import PhraseDrafter
 from pacer.errors import PacerError
-from pacer.ouroboros import PhraseDrafter
 from pacer.policies import FixedPolicy
 from pacer.profiles import FORMAT, Profile, clock, default_name
 from pacer.sampling import SamplingConfig

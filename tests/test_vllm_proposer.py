@@ -15,6 +15,8 @@ import pytest
 
 from pacer.costs import Costs
 from pacer.decoding.meter import TARGET, Call
+from pacer.drafters.lookup import KEY_CONFIDENCE
+from pacer.drafters.phrase import PhrasePool, learn_committed
 from pacer.errors import PacerError
 from pacer.integrations.vllm import (
     DEFAULT_COSTS,
@@ -30,8 +32,6 @@ from pacer.integrations.vllm import (
     prefix_keys,
     survival,
 )
-from pacer.methods.lookup import KEY_CONFIDENCE
-from pacer.ouroboros import PhrasePool, learn_committed
 from pacer.policies.cost_aware import CostMemory, gain_pays
 from pacer.profiles import Profile
 

@@ -24,12 +24,12 @@ from .decoding import (
     GenerationResult,
     ModelBackend,
     Output,
-    TokenDrafter,
     autoregressive_generate,
     speculative_generate,
 )
 from .decoding.meter import DRAFT, TARGET, metered
 from .decoding.stats import GenerationStats
+from .drafters.token import TokenDrafter
 from .errors import ContextError, PacerError
 from .policies.base import DraftPolicy
 from .policies.cost_aware import CostAwarePolicy, CostMemory

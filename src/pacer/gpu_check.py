@@ -48,12 +48,12 @@ from .costs import Costs
 from .decoding import (
     ModelBackend,
     Output,
-    TokenDrafter,
     TransformersBackend,
     autoregressive_generate,
     speculative_generate,
 )
 from .decoding.stats import GenerationStats
+from .drafters.token import TokenDrafter
 from .policies import DraftPolicy, DraftState, FixedPolicy, OraclePolicy, RoundResult
 from .policies.cost_aware import CostAwarePolicy, CostMemory
 from .sampling import SamplingConfig

@@ -3,7 +3,8 @@
 * :mod:`.backend`     - :class:`ModelBackend`, the only way the loop, drafters and diagnostics touch a model;
 * :mod:`.hf_backend`  - :class:`TransformersBackend`, the ``transformers`` implementation (restricted draft head);
 * :mod:`.tree`        - :class:`Draft`, one round's proposal, and its verification as a token tree;
-* :mod:`.drafters`    - :class:`Drafter` and :class:`TokenDrafter`, and the policy handshake :class:`Proposal`;
+* :mod:`.drafter`     - the interface :class:`Drafter` and the policy handshake :class:`Proposal` (the drafters
+  themselves are in :mod:`pacer.drafters`, which the core never imports);
 * :mod:`.output`      - :class:`Output` (stops exactly at EOS / stop strings / the budget), :class:`GenerationResult`;
 * :mod:`.stats`       - :class:`GenerationStats`, a generation's statistics with their definitions;
 * :mod:`.loop`        - :func:`speculative_generate` (five numbered steps) and :func:`autoregressive_generate`;
@@ -12,12 +13,12 @@
 
 from .backend import ModelBackend, Tree
 from .diagnostics import Divergence, dtype_resolution, first_divergence
-from .drafters import Drafter, Proposal, TokenDrafter, token_features
+from .drafter import Drafter, Proposal, token_features
 from .hf_backend import TransformersBackend
 from .loop import autoregressive_generate, speculative_generate
 from .output import GenerationResult, Output
 from .tree import Draft
 
 __all__ = ["Divergence", "Draft", "Drafter", "GenerationResult", "ModelBackend", "Output", "Proposal",
-           "TokenDrafter", "TransformersBackend", "Tree", "autoregressive_generate", "dtype_resolution",
-           "first_divergence", "speculative_generate", "token_features"]
+           "TransformersBackend", "Tree", "autoregressive_generate", "dtype_resolution", "first_divergence",
+           "speculative_generate", "token_features"]

@@ -11,11 +11,11 @@ One round of :func:`speculative_generate` (``γ`` draft tokens, ``n`` accepted; 
    ``max_new_tokens`` end the output exactly where plain decoding would, even inside a draft block.
 
 The loop sees models only through :class:`~pacer.decoding.backend.ModelBackend` (``target``, and the drafter's
-own), drafting only through :class:`~pacer.decoding.drafters.Drafter`, and the length decision only through
+own), drafting only through :class:`~pacer.decoding.drafter.Drafter`, and the length decision only through
 :class:`~pacer.policies.DraftPolicy`. The committed sequence is ``tokens``; a backend is fed ``tokens[length:]``.
 
 On a GPU the loop stays on the host; what it reads back from the device is what its decisions need: a drafted
-token and its features (:func:`~pacer.decoding.drafters.token_features`: one transfer), the verdict of a round
+token and its features (:func:`~pacer.decoding.drafter.token_features`: one transfer), the verdict of a round
 (the target's argmax, or the sampling rule's values) and nothing else. Those reads wait for the device, so the
 round's timings (``RoundResult``, the stats) are true without an explicit synchronisation.
 """
@@ -29,7 +29,7 @@ import torch
 from ..policies.base import DraftPolicy, RoundResult
 from ..sampling import SamplingConfig, acceptance_probs, pick, verify_greedy, verify_sampling, warp
 from .backend import ModelBackend
-from .drafters import Drafter
+from .drafter import Drafter
 from .meter import recording
 from .output import Output
 from .stats import GenerationStats

@@ -26,7 +26,7 @@ sees token ids only: no request ids, no hidden states, no sampling settings, no 
   (:func:`observed_acceptance`); they update the row's :class:`pacer.policies.cost_aware.CostMemory` (its survival
   calibrator).
 * *Drafts* are prompt lookup, as pacer's ``lookup`` method (:mod:`pacer.methods.lookup`): continuations of the
-  longest matching n-gram in a :class:`pacer.ouroboros.PhrasePool` of the request's prompt and output, each
+  longest matching n-gram in a :class:`pacer.drafters.phrase.PhrasePool` of the request's prompt and output, each
   token with the lookup's confidence for its key length (:func:`lookup_draft`); the survival of ``d_1..d_i`` is the
   product of the confidences, calibrated by the row's memory (:func:`survival`), as pacer's cost-aware rule does.
 * *Lengths* (:func:`allocate`): all rows share one target forward, so the rule is pacer's
@@ -65,9 +65,9 @@ import numpy as np
 
 from ..costs import Costs
 from ..decoding.meter import TARGET, Call
+from ..drafters.lookup import KEY_CONFIDENCE
+from ..drafters.phrase import PhrasePool
 from ..errors import PacerError
-from ..methods.lookup import KEY_CONFIDENCE
-from ..ouroboros import PhrasePool
 from ..policies.cost_aware import CostMemory, gain_pays
 from ..profiles import FORMAT as PROFILE_FORMAT
 from ..profiles import Profile
@@ -146,7 +146,7 @@ def load_costs(profile: Costs | Profile | dict | str | Path | None) -> tuple[Cos
 
 def lookup_draft(pool: PhrasePool, context: list[int], k: int) -> tuple[list[int], list[float]]:
     """Up to ``k`` looked-up tokens continuing ``context`` (chained: a continuation's end is looked up again), each
-    with the lookup's confidence for the key it matched (:data:`pacer.methods.lookup.KEY_CONFIDENCE`)."""
+    with the lookup's confidence for the key it matched (:data:`pacer.drafters.lookup.KEY_CONFIDENCE`)."""
     ctx = list(context[-pool.key_len :])
     tokens: list[int] = []
     conf: list[float] = []
@@ -373,7 +373,8 @@ class PacerPlanner:
             if state is None:
                 state = self.new_state()
             verified[i], accepted[i] = state.observe([int(x) for x in committed])
-            # the pool learns the committed text as pacer.ouroboros.learn_committed does, reading only the new part
+            # the pool learns the committed text as pacer.drafters.phrase.learn_committed does, reading only the new
+            # part
             if state.seen == 0:
                 state.pool.add_sequence(arr.tolist(), "prompt")
             elif L > state.seen:

@@ -8,7 +8,7 @@ from . import plain  # noqa: F401  ar
 from . import rules  # noqa: F401  sd, heuristic, confidence, entropy
 from . import oracle  # noqa: F401  oracle
 from . import learned  # noqa: F401  specdecpp, pacer
-from . import ouroboros  # noqa: F401  ouroboros, pacer+ouroboros
+from . import phrase  # noqa: F401  ouroboros, pacer+ouroboros
 from . import lookup  # noqa: F401  lookup (no draft model)
 
 __all__ = ["COMMON", "DRAFT_VOCAB", "Build", "Method", "Option", "all_options", "get", "names", "register", "table",

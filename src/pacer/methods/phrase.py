@@ -1,9 +1,9 @@
-"""Ouroboros phrase drafting (:mod:`pacer.ouroboros`) with the fixed rule (``ouroboros``) or PACER's layer
+"""Ouroboros phrase drafting (:mod:`pacer.drafters.phrase`) with the fixed rule (``ouroboros``) or PACER's layer
 (``pacer+ouroboros``): the same policies as ``sd`` and ``pacer``, another drafter."""
 
 from __future__ import annotations
 
-from ..ouroboros import PhraseDrafter
+from ..drafters.phrase import PhraseDrafter
 from .learned import BLOCK, PATH, learned
 from .registry import Build, Method, Option, register
 from .rules import THRESHOLD, fixed

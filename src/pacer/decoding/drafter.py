@@ -1,4 +1,5 @@
-"""Drafters: what proposes ``d_1..d_γ`` each round, behind one small interface (:class:`Drafter`).
+"""The drafter interface: what proposes ``d_1..d_γ`` each round, behind one small interface (:class:`Drafter`); the
+drafters themselves are in :mod:`pacer.drafters`.
 
 A drafter owns its draft backend and asks the draft-length policy after every token whether to go on; the
 per-token handshake (ask from ``min_draft`` on, time the policy, record the token's features) is
@@ -13,8 +14,7 @@ import torch
 
 from ..errors import PacerError
 from ..policies.base import DraftPolicy, DraftState
-from ..sampling import SamplingConfig, pick, warp
-from .backend import ModelBackend
+from ..sampling import SamplingConfig
 from .tree import Draft
 
 
@@ -119,57 +119,3 @@ class Proposal:
     def draft(self) -> Draft:
         return Draft(self.state.tokens, torch.stack(self.qs) if self.qs else None, self.state, self.policy_time,
                      self.forwards)
-
-
-class TokenDrafter(Drafter):
-    """Drafts one token per draft forward (classic SD). ``vocab`` is the target's vocabulary size: draft logits are
-    truncated or padded to it so that ``q`` and ``p`` live on the same support."""
-
-    def __init__(self, backend: ModelBackend, vocab: int) -> None:
-        self.backend = backend
-        self.vocab = vocab
-
-    def reset(self) -> None:
-        self.backend.reset()
-
-    def align(self, logits: torch.Tensor) -> torch.Tensor:
-        v = logits.shape[-1]
-        if v > self.vocab:
-            return logits[..., : self.vocab]
-        if v < self.vocab:
-            pad = logits.new_full((*logits.shape[:-1], self.vocab - v), float("-inf"))
-            return torch.cat([logits, pad], -1)
-        return logits
-
-    def propose(self, tokens, policy, budget, sampling, gen, remaining: int = 0) -> Draft:
-        pending = tokens[self.backend.length :]
-        p = Proposal(policy, budget, len(pending) - 1, remaining, sampling.temperature)
-        while p.ask():
-            logits, hidden = self.backend.forward(pending, hidden=p.layers is not None, keep=1)
-            p.forwards += 1
-            q = warp(self.align(logits[-1]), sampling)
-            x = pick(q, sampling, gen)
-            p.add(q, x, hidden, -1, keep_q=not sampling.greedy)
-            pending = [x]
-        return p.draft()
-
-    def rollback(self, keep: int) -> None:
-        self.backend.crop(keep)
-
-    def vocab_rows(self) -> torch.Tensor | None:
-        return self.backend.rows
-
-    @torch.inference_mode()
-    def agreement(self, prompt: list[int], reference: list[int]) -> list[bool]:
-        """One teacher-forced forward of the draft backend over ``prompt + reference``, scored exactly as drafting
-        scores (a reduced vocabulary included); the cache is emptied afterwards (a generation starts anew)."""
-        if not reference:
-            return []
-        self.backend.reset()
-        rows = [self.backend.forward(prompt, keep=1)[0]]  # the prompt first, as a generation feeds it
-        if len(reference) > 1:
-            rows.append(self.backend.forward(reference[:-1])[0])
-        self.backend.reset()
-        logits = torch.cat(rows)
-        pred = self.align(logits).argmax(-1).tolist()
-        return [a == b for a, b in zip(pred, reference, strict=True)]

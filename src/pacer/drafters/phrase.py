@@ -28,7 +28,7 @@ phrase it drafts one token per forward.
 
 **Sampling mode**: phrase drafting would only be lossless with ``q`` the distribution each token was drawn
 from; this drafter keeps it simple and correct - with ``temperature > 0`` it drafts token by token exactly
-like :class:`~pacer.decoding.TokenDrafter` (same random draws, so the same output as ``sd`` for a seed) and
+like :class:`~pacer.drafters.token.TokenDrafter` (same random draws, so the same output as ``sd`` for a seed) and
 proposes no candidate branches. The pool still learns from the prompt and output.
 
 **Candidate branches** (greedy, ``candidates`` > 0). After the draft, up to ``candidates`` continuations of
@@ -51,9 +51,10 @@ from pathlib import Path
 
 import torch
 
-from .decoding import Draft, ModelBackend, Proposal, TokenDrafter
-from .errors import PacerError
-from .io import atomic_write_text
+from ..decoding import Draft, ModelBackend, Proposal
+from ..errors import PacerError
+from ..io import atomic_write_text
+from .token import TokenDrafter
 
 SOURCES = ("prompt", "output", "verify", "lookahead")
 Key = tuple[int, ...]
@@ -257,7 +258,7 @@ def clear_shared_pools() -> None:
 
 
 class PhraseDrafter(TokenDrafter):
-    """Ouroboros drafter (see the module docstring). Options (registered in :mod:`pacer.methods.ouroboros`:
+    """Ouroboros drafter (see the module docstring). Options (registered in :mod:`pacer.methods.phrase`:
     ``Decoder.generate(options=...)`` keys, ``pacer bench`` keys, CLI flags):
 
     ``ngram`` phrase (continuation) length, ``pool_size`` pool capacity in entries, ``candidates`` candidate
@@ -298,7 +299,7 @@ class PhraseDrafter(TokenDrafter):
             self.pool = PhrasePool(ngram, pool_size, key_len)
         self.pool_file = Path(pool_file) if pool_file else None
         if self.pool_file is not None:  # it is saved after the generation: refuse a path that cannot be written now
-            from .io import check_out_file
+            from ..io import check_out_file
 
             check_out_file(self.pool_file, "pool_file")
         if self.pool_file is not None and self.pool_file.exists() and len(self.pool) == 0:
