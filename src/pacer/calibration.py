@@ -137,12 +137,10 @@ class Calibration:
 
 
 def backend_version(loaded) -> str:
-    """The runtime that computes the forwards: PyTorch's version, or llama-cpp-python's."""
-    if loaded.backend == "llamacpp":
-        from .decoding.llama_backend import LLAMA_CPP_VERSION
+    """The runtime that computes the forwards (its backend record's: PyTorch's version, llama-cpp-python's)."""
+    from . import backends
 
-        return f"llama-cpp-python {LLAMA_CPP_VERSION}"
-    return f"torch {torch.__version__}"
+    return backends.of(loaded).version()
 
 
 def calibration_key(decoder, rows: torch.Tensor | None) -> dict:
