@@ -101,11 +101,12 @@ def test_parse_methods():
     specs = parse_methods("sd:gamma=2..4,confidence:threshold=0.4,hf-assisted:schedule=heuristic")
     assert [s.label for s in specs] == ["ar", "sd:gamma=2", "sd:gamma=3", "sd:gamma=4",
                                         "confidence:threshold=0.4", "hf-assisted:schedule=heuristic"]
-    assert specs[1].generate_kwargs() == {"gamma": 2}
-    assert specs[4].generate_kwargs() == {"options": {"threshold": 0.4}}
-    assert parse_methods("heuristic:min=2:max=8")[1].generate_kwargs() == {"min_draft": 2, "max_draft": 8}
+    assert specs[1].request().to_dict() == {"method": "sd", "gamma": 2}
+    assert specs[4].request().to_dict() == {"method": "confidence", "options": {"threshold": 0.4}}
+    assert parse_methods("heuristic:min=2:max=8")[1].request().to_dict() == {"method": "heuristic", "min_draft": 2,
+                                                                             "max_draft": 8}
     for bad, words in [("nope", "unknown method 'nope'"), ("sd:gamma", "not key=value"),
-                       ("sd:threshold=0.3", "sd takes no option 'threshold'"),
+                       ("sd:threshold=0.3", "'sd' takes no option 'threshold'"),
                        ("hf-assisted:foo=1", "hf-assisted takes"), ("sd:gamma=0", "gamma must be"),
                        ("ar,ar", "listed twice"), ("", "empty")]:
         with pytest.raises(PacerError, match=words):
@@ -113,7 +114,7 @@ def test_parse_methods():
 
 
 def test_drafter_options_only_for_phrase_methods():
-    assert parse_methods("ouroboros:ngram=4")[1].generate_kwargs() == {"options": {"ngram": 4}}
+    assert parse_methods("ouroboros:ngram=4")[1].request().options == {"ngram": 4}
     for bad in ("sd:ngram=4", "heuristic:candidates=1", "pacer:pool_size=10"):
         with pytest.raises(PacerError, match="takes no option '(ngram|candidates|pool_size)'"):
             parse_methods(bad)
@@ -556,7 +557,7 @@ def test_quick_profile_clock(tmp_path, capsys):
     from pacer.tiny import tiny_pair
 
     dec = Decoder(*tiny_pair("close"), threads=1)
-    backend, t, d = pair_of(dec)
+    backend, t, d = pair_of(dec.pair, dec.draft_rows(dec.draft_vocab))
     slow = 0.05  # a machine whose forwards are far dearer than the tiny model's here: the clock must show it
     prof = Profile("slow-flat", {"describe": "a slow flat machine", "threads": 1}, backend, "torch", t, d,
                    {32: dict.fromkeys((1, 2, 4, 8), slow)}, {32: slow / 8}, {32: {1: slow / 10}}, slow / 100)

@@ -241,7 +241,7 @@ def test_calibration_is_cached_and_remeasured_when_its_key_changes(home, monkeyp
 def test_a_damaged_cache_is_remeasured_with_a_note(home, monkeypatch, damage):
     calls = counting(monkeypatch)
     dec = Decoder(*tiny_pair("close"), threads=1)
-    first = cal_mod.load_or_measure(dec, None, progress=False)
+    first = cal_mod.load_or_measure(dec.pair, None, progress=False)
     path = cal_mod.cache_path(first.key)
     doc = json.loads(path.read_text())
     if damage == "garbage":
@@ -254,7 +254,7 @@ def test_a_damaged_cache_is_remeasured_with_a_note(home, monkeypatch, damage):
     else:
         doc["key"]["threads"] = 99
         path.write_text(json.dumps(doc))
-    again = cal_mod.load_or_measure(dec, None, progress=False)
+    again = cal_mod.load_or_measure(dec.pair, None, progress=False)
     assert calls == [1, 1] and again.source == "measured"
     assert any("re-measuring" in n for n in again.notes)
     assert cal_mod.load(first.key)[0] is not None  # rewritten whole
@@ -276,7 +276,7 @@ def test_interrupted_calibration_is_conservative_and_writes_nothing(home, monkey
 def test_noisy_calibration_is_used_conservatively_and_cached_as_noisy(home, monkeypatch):
     monkeypatch.setattr(cal_mod, "NOISY", 1.0)  # every spread counts as noise
     dec = Decoder(*tiny_pair("close"), threads=1)
-    cal = cal_mod.load_or_measure(dec, None, progress=False)
+    cal = cal_mod.load_or_measure(dec.pair, None, progress=False)
     assert cal.noisy and "noisy" in cal.notes[-1]
     cached, _ = cal_mod.load(cal.key)
     assert cached.noisy and cached.costs.target == cal.costs.target
@@ -293,7 +293,7 @@ def test_a_linear_curve_is_extrapolated_after_four_tokens(home, monkeypatch):
         return 0.01 * len(tokens)
 
     monkeypatch.setattr(cal_mod, "_timed", slow_forward)
-    cal = cal_mod.measure(dec, None)
+    cal = cal_mod.measure(dec.pair, None)
     assert max(k for target, k in seen if target) == 4 and cal.measured == [1, 2, 3, 4]
     assert sorted(cal.costs.draft_curve) == [1, 2, 4, 8]  # the draft's curve, for phrase checks
     assert abs(cal.costs.target_cost(16) - 0.16) < 1e-9

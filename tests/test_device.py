@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from pacer import Decoder, PacerError, devices, methods, models
+from pacer import Decoder, PacerError, backends, devices, methods, models
 from pacer.calibration import calibration_key, measure
 from pacer.costs import Costs
 from pacer.decoding import TransformersBackend
@@ -73,11 +73,13 @@ def test_auto_is_cuda_only_where_the_settings_run_there(monkeypatch):
     assert devices.check_device("auto", "llamacpp") == torch.device("cpu")  # llama.cpp runs on the CPU here
     assert devices.check_device("auto", draft_quant="int8") == torch.device("cpu")  # a CPU kernel
     assert devices.check_device("auto", draft_quant="auto") == torch.device("cuda")
-    assert devices.backend_for("auto", "auto") == "transformers" == devices.backend_for("auto", "cuda")
-    assert devices.backend_for("llamacpp", "cuda") == "llamacpp" and devices.backend_for("auto", "cpu") == "auto"
+    assert devices.device_type("auto") == "cuda" == devices.device_type("cuda:0")
+    assert backends.resolve("auto", [], devices.device_type("auto")) == "transformers"  # llama.cpp: CPU only
+    assert backends.resolve("llamacpp", [], "cuda") == "llamacpp"  # as asked (check_device refuses it)
+    assert devices.device_type("cpu") == "cpu"
     monkeypatch.setattr(devices, "cuda_available", lambda: False)
     assert devices.check_device("auto") == torch.device("cpu") == devices.check_device("CPU")
-    assert devices.backend_for("auto", "auto") == "auto"
+    assert devices.device_type("auto") == "cpu"
 
 
 def test_what_cannot_run_is_refused(monkeypatch):
@@ -86,7 +88,7 @@ def test_what_cannot_run_is_refused(monkeypatch):
         devices.check_device("cuda")
     for available in (False, True):
         monkeypatch.setattr(devices, "cuda_available", lambda a=available: a)
-        with pytest.raises(PacerError, match="llamacpp backend: the llama-cpp-python build here is CPU-only"):
+        with pytest.raises(PacerError, match="llamacpp backend: it runs on the CPU in this build"):
             devices.check_device("cuda", "llamacpp")
     with pytest.raises(PacerError, match="int8"):
         devices.check_device("cuda", quantize="int8")
@@ -134,8 +136,8 @@ def test_generate_on_cuda_with_llamacpp_exits_2_with_one_line(folders):
     p = _pacer("generate", "hello", "--target", t, "--draft", d, "--device", "cuda", "--backend", "llamacpp")
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr.strip().splitlines() == [
-        "pacer: error: --device must be cpu or auto with the llamacpp backend: the llama-cpp-python build here is "
-        "CPU-only (use --backend transformers to run on CUDA)"]
+        "pacer: error: --device must be cpu or auto with the llamacpp backend: it runs on the CPU in this build "
+        "(use --backend transformers to run on CUDA)"]
 
 
 def test_generate_takes_device_cpu(folders, capsys, tmp_path, monkeypatch):
@@ -257,7 +259,7 @@ def test_sampling_matches_the_target_distribution_on_cuda(draft, cfg):
 @pytest.mark.parametrize("device", DEVICES)
 def test_calibration_times_forwards_on_the_device(decoders, device):
     dec = decoders(device)
-    cal = measure(dec, None, max_draft=3, reps=1)
+    cal = measure(dec.pair, None, max_draft=3, reps=1)
     assert cal.costs.draft > 0 and all(v > 0 for v in cal.costs.target.values())
     key = calibration_key(dec, None)
     assert ("device" in key) == (device != "cpu")  # CPU keys are as they were: their caches stay valid

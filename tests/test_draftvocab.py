@@ -144,7 +144,7 @@ def test_bench_method_option_end_to_end(tmp_path, capsys, monkeypatch):
     from pacer.cli import main
 
     spec = parse_methods("ar,sd:gamma=4:draft_vocab=32768,pacer:draft_vocab=0")
-    assert spec[1].generate_kwargs()["options"] == {"draft_vocab": 32768}
+    assert spec[1].request().options == {"draft_vocab": 32768}
     with pytest.raises(PacerError, match="hf-assisted takes"):
         parse_methods("hf-assisted:draft_vocab=100")
     with pytest.raises(PacerError, match="takes no option 'ngram'"):
@@ -167,9 +167,9 @@ def test_auto_reduces_only_large_vocabularies_and_falls_back(close, capsys, monk
     import pacer.draftvocab as dv
 
     assert dv.auto_size(close) == 0 and close.draft_rows("auto") is None  # 259 tokens: nothing to gain
-    big = SimpleNamespace(draft_info=SimpleNamespace(vocab_size=151936, reduced_head=True), tokenizer=object())
+    big = SimpleNamespace(draft_info=SimpleNamespace(vocab_size=151936, backend="transformers"), tokenizer=object())
     assert dv.auto_size(big) == dv.AUTO_SIZE
-    big.draft_info.reduced_head = False  # llama.cpp computes the whole head: nothing to reduce
+    big.draft_info.backend = "llamacpp"  # llama.cpp computes the whole head (its record): nothing to reduce
     assert dv.auto_size(big) == 0
     # auto with a corpus that cannot be read: the full vocabulary, and a note says why
     monkeypatch.setattr(dv, "auto_size", lambda dec: 64)

@@ -212,16 +212,17 @@ def test_cli_generate_on_gguf_files(files, tmp_path, monkeypatch):
 
 
 def test_auto_backend_picks_llamacpp_for_gguf_pairs_only(files, tmp_path):
-    from pacer.models import resolve_backend
+    from pacer.backends import resolve
 
     t, d = str(files[0]), str(files[1])
-    assert resolve_backend("auto", "default-target", "default-draft") == "llamacpp"
-    assert resolve_backend("auto", t, d) == "llamacpp"
-    assert resolve_backend("auto", t, None) == "llamacpp"
-    assert resolve_backend("auto", str(tmp_path), d) == "transformers"  # a model folder
-    assert resolve_backend("auto", t, d, quantize="int8") == "transformers"
-    assert resolve_backend("auto", t, d, draft_vocab=1000) == "transformers"
-    assert resolve_backend("transformers", t, d) == "transformers"
+    assert resolve("auto", ["default-target", "default-draft"]) == "llamacpp"
+    assert resolve("auto", [t, d]) == "llamacpp"
+    assert resolve("auto", [t, None]) == "llamacpp"
+    assert resolve("auto", [str(tmp_path), d]) == "transformers"  # a model folder
+    assert resolve("auto", [t, d], quantize="int8") == "transformers"
+    assert resolve("auto", [t, d], draft_vocab=1000) == "transformers"
+    assert resolve("auto", [t, d], device="cuda") == "transformers"  # llama.cpp runs on the CPU in this build
+    assert resolve("transformers", [t, d]) == "transformers"
 
 
 def test_near_tie_counts_the_backends_block_noise(dec):

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import torch
 
-from . import devices, methods, models
+from . import methods, models
 from .calibration import Calibration
 from .costs import Costs
 from .decoding import (
@@ -27,25 +27,28 @@ from .decoding import (
     autoregressive_generate,
     speculative_generate,
 )
-from .decoding.meter import DRAFT, TARGET, metered
 from .decoding.stats import GenerationStats
 from .drafters.token import TokenDrafter
 from .errors import ContextError, PacerError
+from .pair import LoadSpec, Pair
 from .policies.base import DraftPolicy
 from .policies.cost_aware import CostAwarePolicy, CostMemory
+from .request import MethodRequest
 from .sampling import SamplingConfig
-
-END_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>")
 
 
 class Decoder:
-    """A target model, an optional draft model and their tokenizer, loaded once for many generations."""
+    """A target model, an optional draft model and their tokenizer (a :class:`~pacer.pair.Pair`), loaded once for
+    many generations, with what the methods keep between them (costs, draft vocabularies, learned policies)."""
 
-    def __init__(self, target: models.LoadedModel, draft: models.LoadedModel | None = None,
+    def __init__(self, target: models.LoadedModel | Pair, draft: models.LoadedModel | None = None,
                  threads: int | None = None, draft_vocab: int | str | Sequence[int] | None = "auto",
                  costs: Costs | None = None, progress: bool = True, draft_quant: str = "none",
                  quantize: str = "none", device: str | torch.device | None = "auto") -> None:
-        """``draft_vocab``: the default reduced draft vocabulary of every drafting method (see
+        """``target``: a loaded :class:`~pacer.pair.Pair`, or a target model (with ``draft``, ``threads``,
+        ``device``, ``quantize`` and ``draft_quant``, see :class:`~pacer.pair.Pair` and :mod:`pacer.devices`).
+
+        ``draft_vocab``: the default reduced draft vocabulary of every drafting method (see
         :mod:`pacer.draftvocab`): ``"auto"`` (the default) 32,768 tokens when the draft's vocabulary is large
         enough for that to pay, else the full one; ``None``/0 the full vocabulary; an int ``S`` the ``S`` most
         frequent tokens of the held-out corpus; or explicit token ids.
@@ -58,18 +61,9 @@ class Decoder:
         ``"none"`` keeps the draft's dtype. ``quantize="int8"`` quantizes the target: a *different target*, whose
         plain decoding is the baseline then (opt-in, never the default); the draft still follows ``draft_quant`` (the
         draft only proposes: whichever drafts faster is right; on an AVX2-only EPYC the bf16 draft did, 62 against
-        84 ms a token).
-
-        ``device``: ``auto`` (CUDA when available, else the CPU), ``cpu`` or ``cuda`` (see :mod:`pacer.devices`);
-        the ``transformers`` models are moved there (in place)."""
-        from . import quantize as q
-
-        q.check_kind(quantize)
-        if draft_quant != "auto":
-            q.check_kind(draft_quant)
-        check_quantize(target.backend, quantize, draft_quant)
-        self.device = devices.place(target, draft, device, quantize, draft_quant)
-        self.threads = models.set_threads(threads)
+        84 ms a token)."""
+        self.pair = target if isinstance(target, Pair) else Pair(target, draft, threads, device, quantize,
+                                                                  draft_quant)
         self.draft_vocab = draft_vocab
         self.progress = progress
         self._calibrations: dict[int | None, Calibration] = {}
@@ -78,27 +72,10 @@ class Decoder:
         self._given_costs = costs is not None
         self._cost_memory: dict[str, CostMemory] = {}
         self._draft_rows: dict[int | str, torch.Tensor | None] = {}
-        self.target_info = target
-        self.draft_info = draft
-        self.tokenizer = target.tokenizer
-        if draft is not None and target.tokenizer is not None and draft.tokenizer is not None:
-            models.check_same_tokenizer(target.tokenizer, draft.tokenizer)
-        if quantize == "int8":
-            q.quantize_int8(target.model)
-        if draft is not None and draft_quant == "int8":
-            q.quantize_int8(draft.model)
-        elif draft is not None and draft_quant == "auto" and draft.backend == "transformers":
-            from .calibration import choose_draft_quant
-
-            if choose_draft_quant(draft) == "int8":
-                q.quantize_int8(draft.model)
-        self.backend = target.backend
-        self.target: ModelBackend = metered(target.open(), TARGET)  # its forwards go to a generation's ledger
-        self.vocab = target.vocab_size
-        self.eos = models.eos_ids(target)
-        if self.tokenizer is not None:
-            vocab = self.tokenizer.get_vocab()
-            self.eos.update(vocab[t] for t in END_TOKENS if t in vocab)
+        p = self.pair
+        self.device, self.threads, self.backend, self.target = p.device, p.threads, p.backend, p.target
+        self.target_info, self.draft_info, self.tokenizer, self.vocab, self.eos = (
+            p.target_info, p.draft_info, p.tokenizer, p.vocab, p.eos)
         self._preverifiers: dict[str, object] = {}
 
     @classmethod
@@ -108,31 +85,20 @@ class Decoder:
                         quantize: str = "none", backend: str = "auto",
                         device: str | torch.device | None = "auto") -> Decoder:
         """Load a pair: ``default-target``/``default-draft``, HF model folders or ``.gguf`` files (see
-        :meth:`__init__` for ``draft_quant``, by default ``"auto"`` here, and ``quantize``). ``backend``:
-        ``transformers`` (PyTorch), ``llamacpp`` (GGUF files run by llama.cpp, see :data:`pacer.models.BACKENDS`;
-        ``dtype`` does not apply there) or ``auto`` (llama.cpp for a GGUF pair when llama-cpp-python is installed,
-        :func:`pacer.models.resolve_backend`; on a CUDA ``device``, transformers). ``device``: see :mod:`pacer.devices`
-        (checked before anything loads). ``dtype="auto"``: the transformers backend's weights in the dtype
-        :func:`pacer.calibration.choose_dtype` measures faster on this machine."""
-        from .quantize import check_kind
+        :class:`~pacer.pair.LoadSpec`: every setting is checked before anything loads; ``backend``:
+        ``transformers``, ``llamacpp`` or another registered one, :mod:`pacer.backends`, or ``auto``;
+        ``dtype="auto"``: the transformers weights' dtype measured faster on this machine)."""
+        return cls.load(LoadSpec(target, draft, backend, dtype, threads, device, draft_quant, quantize, draft_vocab,
+                                 progress))
 
-        check_kind(quantize)
-        if draft_quant != "auto":
-            check_kind(draft_quant)
-        backend = models.resolve_backend(devices.backend_for(backend, device), target, draft,
-                                         quantize=quantize, draft_vocab=draft_vocab)
-        models.check_backend(backend, target, draft)
-        check_quantize(backend, quantize, draft_quant)
-        dev = devices.check_device(device, backend, quantize, draft_quant)
-        models.set_threads(threads)
-        if dtype == "auto":  # the transformers backend's weights dtype, measured on this machine
-            from .calibration import choose_dtype
+    @classmethod
+    def load(cls, spec: LoadSpec, costs: Costs | None = None) -> Decoder:
+        """The decoder of a :class:`~pacer.pair.LoadSpec` (resolved and checked, then loaded)."""
+        return cls(spec.load(), draft_vocab=spec.draft_vocab, costs=costs, progress=spec.progress)
 
-            dtype = choose_dtype(dev, progress=progress)[0] if backend == "transformers" else "bfloat16"
-        t = models.load_model(target, dtype, progress=progress, backend=backend)
-        d = models.load_model(draft, dtype, progress=progress, backend=backend) if draft else None
-        return cls(t, d, threads, draft_vocab, progress=progress, draft_quant=draft_quant, quantize=quantize,
-                   device=device)
+    def draft_backend(self, rows: torch.Tensor | None = None) -> ModelBackend:
+        """A fresh backend (its own cache) on the draft model, scoring vocabulary ``rows`` (``None``: all)."""
+        return self.pair.draft_backend(rows)
 
     def calibration(self, rows: torch.Tensor | None = None, refresh: bool = False) -> Calibration:
         """This machine's costs for this pair with draft vocabulary ``rows`` (cached; see
@@ -143,7 +109,7 @@ class Decoder:
         if refresh or key not in self._calibrations:
             from .calibration import load_or_measure
 
-            cal = load_or_measure(self, rows, refresh=refresh, progress=self.progress)
+            cal = load_or_measure(self.pair, rows, refresh=refresh, progress=self.progress)
             for note in cal.notes:
                 print(f"pacer: note: {note}", file=sys.stderr)
             self._calibrations[key] = cal
@@ -155,7 +121,8 @@ class Decoder:
         machine's timings). Returns notes on softer differences (the draft's dtype or vocabulary)."""
         from .profiles import pair_of
 
-        notes = profile.check_pair(*pair_of(self))
+        rows = self.draft_rows(self.draft_vocab) if self.draft_info is not None else None
+        notes = profile.check_pair(*pair_of(self.pair, rows))
         self._calibrations = {None: Calibration(profile.costs(), source=f"profile {profile.name}")}
         self._given_costs = True
         self.profile = profile
@@ -169,7 +136,7 @@ class Decoder:
             if "auto" not in self._draft_rows:
                 from .draftvocab import auto_size
 
-                size, rows = auto_size(self), None
+                size, rows = auto_size(self.pair), None
                 try:
                     rows = self.draft_rows(size) if size else None
                 except PacerError as e:  # e.g. the corpus is not installed: draft from the full vocabulary
@@ -188,7 +155,7 @@ class Decoder:
             from .draftvocab import load_or_build
 
             if draft_vocab not in self._draft_rows:
-                self._draft_rows[draft_vocab] = load_or_build(self, draft_vocab)
+                self._draft_rows[draft_vocab] = load_or_build(self.pair, draft_vocab)
             return self._draft_rows[draft_vocab]
         return torch.as_tensor(list(draft_vocab), dtype=torch.long, device="cpu")
 
@@ -223,66 +190,54 @@ class Decoder:
         return ids
 
     # ------------------------------------------------------------------------------------- methods
-    def draft_backend(self, rows: torch.Tensor | None = None) -> ModelBackend:
-        """A fresh backend (its own cache) on the draft model, scoring vocabulary ``rows`` (``None``: all)."""
-        if self.draft_info is None:
-            raise PacerError("this method needs a draft model")
-        return metered(self.draft_info.open(rows), DRAFT)
+    def make_policy(self, method: str | MethodRequest, rows: torch.Tensor | None = None,
+                    **settings) -> DraftPolicy:
+        """The draft-length policy of a :class:`~pacer.request.MethodRequest` (or of a method's name with its
+        settings and options as keywords, :meth:`MethodRequest.of`), for draft vocabulary ``rows``.
 
-    def make_policy(self, method: str, gamma: int | None = None, min_draft: int | None = None,
-                    max_draft: int | None = None, cost_aware: bool | None = None,
-                    rows: torch.Tensor | None = None, **opts) -> DraftPolicy:
-        """The draft-length policy behind ``method`` with its policy options (e.g. ``threshold``).
-
-        ``cost_aware`` (``None``: unless ``gamma`` or an option that pins a literal rule, such as a threshold, is
-        given): wrap the policy in the cost-aware rule of :mod:`pacer.policies.cost_aware` on this machine's costs
-        for draft vocabulary ``rows``. Then a rule's threshold gives way to the cost rule (an explicit one is kept), and
-        ``min_draft`` defaults to 0, so a round where nothing pays is a plain decoding step."""
-        m = methods.get(method)
-        if not m.drafts:
-            raise PacerError(f"method '{method}' drafts nothing and has no draft-length policy")
-        policy_opts, drafter_opts = m.split(opts)
-        if drafter_opts:
-            raise PacerError(f"method '{method}': {', '.join(drafter_opts)} are drafter options (make_drafter)")
-        explicit = gamma is not None or m.explicit(policy_opts)
-        aware = (not explicit) if cost_aware is None else bool(cost_aware)
-        if aware and min_draft is None:
-            min_draft = 0
-        bounds = {k: v for k, v in (("min_draft", min_draft), ("max_draft", max_draft)) if v is not None}
-        policy = m.policy(methods.Build(self, policy_opts, bounds, gamma, aware, rows))
+        Under the cost-aware rule (:attr:`MethodRequest.aware`) the policy is wrapped in the rule of
+        :mod:`pacer.policies.cost_aware` on this machine's costs for ``rows``: a rule's threshold gives way to it
+        (an explicit one is kept), and ``min_draft`` defaults to 0, so a round where nothing pays is a plain
+        decoding step."""
+        req = MethodRequest.of(method, **settings)
+        if not req.drafts:
+            raise PacerError(f"method '{req.method}' drafts nothing and has no draft-length policy")
+        aware = req.aware
+        policy = req.record.policy(methods.Build(self.pair, req.policy_options, req.bounds, req.gamma, aware, rows))
         if not aware:
             return policy
         cal = self.calibration(rows)
         costs = replace(cal.costs, policy_per_check=policy.check_seconds)
         # what the rule learned about this method on this pair carries over to its next generation
         size = None if rows is None else len(rows)
-        key = "|".join(map(str, (method, sorted(policy_opts.items()), min_draft, max_draft, size)))
+        bounds = req.bounds
+        key = "|".join(map(str, (req.method, sorted(req.policy_options.items()), bounds.get("min_draft"),
+                                 bounds.get("max_draft"), size)))
         memory = self._cost_memory.setdefault(key, CostMemory())
         # costs given to the Decoder (or a profile's) are taken as they are; measured ones follow the loop's timings
         return CostAwarePolicy(policy, costs, source=cal.source,
                                refine=0.2 if cal.source in ("measured", "cache") else 0.0, memory=memory)
 
-    def make_drafter(self, method: str, **opts) -> Drafter:
-        """The drafter of ``method`` with its drafter options; ``draft_vocab`` (every method) overrides the
-        decoder's reduced draft vocabulary for this drafter."""
-        m = methods.get(method)
+    def make_drafter(self, method: str | MethodRequest, **settings) -> Drafter:
+        """The drafter of a :class:`~pacer.request.MethodRequest` (or of a method's name with its options as
+        keywords); ``draft_vocab`` (every method) overrides the decoder's reduced draft vocabulary."""
+        req = MethodRequest.of(method, **settings)
+        m = req.record
         if not m.drafts:
-            raise PacerError(f"method '{method}' drafts nothing")
+            raise PacerError(f"method '{req.method}' drafts nothing")
         if self.draft_info is None and m.needs_draft:
-            raise PacerError(f"method '{method}' needs a draft model")
-        policy_opts, drafter_opts = m.split(opts)
-        if policy_opts:
-            raise PacerError(f"method '{method}': {', '.join(policy_opts)} are policy options (make_policy)")
-        rows = self.draft_rows(drafter_opts.pop("draft_vocab", self.draft_vocab)) if m.needs_draft else None
+            raise PacerError(f"method '{req.method}' needs a draft model")
+        options = dict(req.drafter_options)
+        rows = self.draft_rows(options.pop("draft_vocab", self.draft_vocab)) if m.needs_draft else None
         if m.drafter is None:
             return TokenDrafter(self.draft_backend(rows), self.vocab)
-        return m.drafter(methods.Build(self, drafter_opts, rows=rows))
+        return m.drafter(methods.Build(self.pair, options, rows=rows))
 
     # ------------------------------------------------------------------------------------------- generation
     def generate(
         self,
         prompt: str | Sequence[int],
-        method: str = "sd",
+        method: str | MethodRequest = "sd",
         max_new_tokens: int = 128,
         sampling: SamplingConfig | None = None,
         gamma: int | None = None,
@@ -298,31 +253,31 @@ class Decoder:
         options: Mapping[str, object] | None = None,
         cost_aware: bool | None = None,
     ) -> GenerationResult:
-        """Generate from ``prompt`` with ``method`` (a name in :func:`pacer.methods.names`); see
-        :class:`GenerationStats`.
+        """Generate from ``prompt`` with ``method``: a :class:`~pacer.request.MethodRequest`, or a method's name
+        (:func:`pacer.methods.names`) with ``gamma``, ``min_draft``, ``max_draft``, ``cost_aware`` and
+        ``options`` (see :mod:`pacer.request`: ``gamma`` is the draft length of ``sd``/``ouroboros``, their cap when
+        cost-aware, default 4; ``options`` the method's own, e.g. ``threshold``, ``ngram``, and ``draft_vocab``;
+        the cost-aware rule is on unless ``gamma`` or a threshold is given). See :class:`GenerationStats`.
 
-        ``gamma``: the draft length of ``sd``/``ouroboros`` (their cap when cost-aware; default 4), the initial
-        length of ``heuristic``. ``options``: the method's own options (:attr:`pacer.methods.Method.options`, e.g.
-        ``threshold``, ``ngram``) and ``draft_vocab``. ``cost_aware``: see :meth:`make_policy` (default: on unless
-        ``gamma`` or a threshold is given). ``policy`` / ``drafter``: use these instead of the method's.
-        ``reference`` (the target's greedy output for this prompt) spares a policy that ``needs_reference`` (the
-        oracle) its own plain-decoding run.
+        ``policy`` / ``drafter``: use these instead of the method's. ``reference`` (the target's greedy output for
+        this prompt) spares a policy that ``needs_reference`` (the oracle) its own plain-decoding run.
         """
         sampling = sampling or SamplingConfig()
-        m, policy_opts, drafter_opts = check_request(method, max_new_tokens, gamma, min_draft, max_draft, sampling,
-                                                     options or {})
+        req = MethodRequest.of(method, gamma=gamma, min_draft=min_draft, max_draft=max_draft,
+                               cost_aware=cost_aware, options=options)
+        check_generation(req, max_new_tokens, sampling)
+        method = req.method
         ids = self.encode(prompt, chat, history)
         budget = min(max_new_tokens, self.target.context - len(ids))
         stats = GenerationStats(method=method, prompt_tokens=len(ids))
         out = Output(budget, self.eos, stop, self.tokenizer, on_tokens)
         extra: dict = {}
         with torch.inference_mode():
-            if not m.drafts:
+            if not req.drafts:
                 autoregressive_generate(self.target, ids, out, sampling, stats)
             else:
-                drafter = drafter or self.make_drafter(method, **drafter_opts)
-                policy = policy or self.make_policy(method, gamma, min_draft, max_draft, cost_aware,
-                                                    drafter.vocab_rows(), **policy_opts)
+                drafter = drafter or self.make_drafter(req)
+                policy = policy or self.make_policy(req, drafter.vocab_rows())
                 policy.prepare(sampling.greedy)
                 if policy.needs_reference:
                     if reference is None:
@@ -358,27 +313,9 @@ def generate(prompt: str, method: str = "sd", target: str = "default-target", dr
                                    backend=backend).generate(prompt, method, **kwargs)
 
 
-def check_quantize(backend: str, quantize: str, draft_quant: str) -> None:
-    """pacer's int8 weight-only quantization is a ``transformers``-backend feature (a GGUF file brings its own)."""
-    if backend != "transformers" and (quantize != "none" or draft_quant not in ("none", "auto")):
-        raise PacerError(f"--quantize/--draft-quant apply to the transformers backend; the {backend} backend runs "
-                         f"the GGUF file's own quantization (pass a quantized GGUF instead)")
-
-
-def check_request(method: str, max_new_tokens: int, gamma: int | None = None, min_draft: int | None = None,
-                  max_draft: int | None = None, sampling: SamplingConfig | None = None,
-                  options: Mapping[str, object] = ()) -> tuple[methods.Method, dict, dict]:
-    """Every argument of a generation checked before anything runs (the CLI calls it before loading models);
-    returns the method's record and its checked options split into (policy, drafter) ones. One place per concept:
-    the bounds, the sampling settings, the method's options."""
-    m = methods.get(method)
-    if max_new_tokens <= 0:
+def check_generation(request: MethodRequest, max_new_tokens: int, sampling: SamplingConfig | None = None) -> None:
+    """What a generation adds to its :class:`~pacer.request.MethodRequest` (checked in its constructor): the
+    token budget and the sampling settings the method takes (the CLI and the server call it before loading)."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
         raise PacerError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    for o, v in zip(methods.COMMON, (gamma, min_draft, max_draft), strict=False):
-        if v is not None:
-            o.check(v, method)
-    if min_draft is not None and max_draft is not None and min_draft > max_draft:
-        raise PacerError(f"min_draft ({min_draft}) must not exceed max_draft ({max_draft})")
-    if m.greedy_only and sampling is not None and not sampling.greedy:
-        raise PacerError(f"the {method} method is defined for greedy decoding only (temperature 0)")
-    return (m, *m.split(dict(options)))
+    request.check_sampling(sampling)

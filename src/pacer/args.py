@@ -6,23 +6,24 @@ change. The subcommands live in :mod:`pacer.cli`, :mod:`pacer.bench.cli` and :mo
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import sys
 from typing import TYPE_CHECKING
 
-from . import methods
+from . import backends, methods
 
 if TYPE_CHECKING:
     from .api import Decoder
+    from .pair import LoadSpec
+    from .request import MethodRequest
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
     g.add_argument("--target", default="default-target", help="HF model folder, .gguf file or default-target")
     g.add_argument("--draft", default="default-draft", help="HF model folder, .gguf file or default-draft")
-    g.add_argument("--backend", default="auto", choices=["auto", "transformers", "llamacpp"],
-                   help="what runs the models: transformers (PyTorch; GGUF files are dequantized once), llamacpp "
+    g.add_argument("--backend", default="auto", choices=["auto", *backends.names()],
+                   help="what runs the models (pacer.backends): transformers (PyTorch; GGUF files are dequantized "
+                        "once), llamacpp "
                         "(GGUF files as they are, on llama.cpp's kernels through llama-cpp-python) or auto "
                         "(default: llamacpp for a GGUF pair when llama-cpp-python is installed)")
     g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float16"],
@@ -44,48 +45,47 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "32768 for a draft vocabulary of 131072 tokens or more, else the full one")
 
 
-def load_decoder(args: argparse.Namespace, draft: str | None = "") -> Decoder:
-    """The pair the model arguments name (``draft=None``: no draft); more threads than cores are capped."""
+def load_spec(args: argparse.Namespace, draft: str | None = "") -> LoadSpec:
+    """The :class:`~pacer.pair.LoadSpec` the model arguments name (``draft=None``: no draft)."""
+    from .pair import LoadSpec
+
+    return LoadSpec(args.target, args.draft if draft == "" else draft, args.backend, args.dtype, args.threads,
+                    getattr(args, "device", "auto"), args.draft_quant, args.quantize, args.draft_vocab,
+                    progress=getattr(args, "progress", True))
+
+
+def load_decoder(args: argparse.Namespace, request: MethodRequest | None = None) -> Decoder:
+    """The pair the model arguments name, checked (:func:`check_model_args`) and loaded; with a ``request``, its
+    draft only where the method drafts with the draft model."""
     from .api import Decoder
 
-    cores = os.cpu_count() or 1
-    if args.threads is not None and args.threads > cores:
-        print(f"pacer: warning: --threads {args.threads} is more than this machine's {cores} cores (oversubscribed "
-              f"threads run many times slower); using {cores}", file=sys.stderr)
-        args.threads = cores
     check_model_args(args)
-    return Decoder.from_pretrained(args.target, args.draft if draft == "" else draft, args.dtype, args.threads,
-                                   draft_vocab=args.draft_vocab, draft_quant=args.draft_quant,
-                                   quantize=args.quantize, backend=args.backend,
-                                   device=getattr(args, "device", "auto"))
+    return Decoder.load(load_spec(args, None if request is not None and not request.loads_draft else ""))
 
 
-def resolve_args_backend(args: argparse.Namespace) -> str:
-    """``--backend auto`` resolved for these model arguments (:func:`pacer.models.resolve_backend`), in place."""
-    from .devices import backend_for
-    from .models import resolve_backend
+def auto_method(args: argparse.Namespace) -> str:
+    """``--method auto`` (``pacer demo``, ``pacer serve``): PACER where a pre-verifier is there for the pair (the
+    shipped one of the backend on the default draft, or one given with ``--preverifier``), else ``sd``; any
+    other method as it is. The backend must be resolved (:func:`check_model_args`)."""
+    if args.method != "auto":
+        return args.method
+    from .policies.learned import default_checkpoint
 
-    backend = backend_for(args.backend, getattr(args, "device", "auto"))  # CUDA: transformers
-    args.backend = resolve_backend(backend, args.target, args.draft, quantize=args.quantize,
-                                   draft_vocab=args.draft_vocab)
-    return args.backend
+    shipped = (default_checkpoint("pacer", args.backend) / "config.json").exists()
+    given = method_options(args).get("path")
+    return "pacer" if (args.draft == "default-draft" and shipped) or given else "sd"
 
 
 def check_model_args(args: argparse.Namespace) -> None:
-    """The model arguments checked before anything loads: the backend can run the models and takes the other
-    settings (llama.cpp brings its own quantization and scores the whole vocabulary)."""
-    from .api import check_quantize
-    from .devices import check_device
+    """The model arguments checked before anything loads (:meth:`pacer.pair.LoadSpec.resolve`, in the command
+    line's words); ``args.backend`` and ``args.threads`` become what was resolved (``auto``: a backend)."""
     from .errors import PacerError
-    from .models import check_backend
 
-    resolve_args_backend(args)
-    check_device(getattr(args, "device", "auto"), args.backend, args.quantize, args.draft_quant)
-    check_backend(args.backend, args.target, args.draft)
-    check_quantize(args.backend, args.quantize, args.draft_quant)
-    if args.backend != "transformers" and str(args.draft_vocab) not in ("auto", "0"):
-        raise PacerError(f"--draft-vocab applies to the transformers backend; the {args.backend} backend scores the "
-                         f"whole vocabulary (drop --draft-vocab)")
+    try:
+        spec = load_spec(args).resolve()
+    except PacerError as e:
+        raise PacerError(as_flags(str(e))) from None
+    args.backend, args.threads = spec.backend, spec.threads
 
 
 def _dest(o: methods.Option) -> str:
@@ -122,8 +122,21 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
 
 def method_options(args: argparse.Namespace) -> dict:
     """The method options given on the command line, parsed by their registered types (checked against the
-    method by :func:`pacer.api.check_request`)."""
+    method by :class:`pacer.request.MethodRequest`)."""
     return {o.name: o.parse(v) for o in methods.all_options() if (v := getattr(args, _dest(o), None)) is not None}
+
+
+def method_request(args: argparse.Namespace) -> MethodRequest:
+    """The :class:`~pacer.request.MethodRequest` of the method arguments (a bad one: a one-line error in the
+    command line's words)."""
+    from .errors import PacerError
+    from .request import MethodRequest
+
+    try:
+        return MethodRequest(args.method, args.gamma, args.min_draft, args.max_draft, cost_aware(args),
+                             method_options(args))
+    except PacerError as e:
+        raise PacerError(as_flags(str(e))) from None
 
 
 def cost_aware(args: argparse.Namespace) -> bool | None:
@@ -143,10 +156,11 @@ def as_flags(message: str) -> str:
     return re.sub(pattern, lambda m: flags.get(m.group(1) or m.group(2), m.group(0)), message)
 
 
-def check_args(args: argparse.Namespace) -> None:
+def check_args(args: argparse.Namespace) -> MethodRequest:
     """Every decoding argument checked before any model loads (one line, exit 2 on a bad one), by the same
-    checks the API makes (:func:`pacer.api.check_request`), in the command line's words."""
-    from .api import check_request
+    checks the API makes (:class:`pacer.request.MethodRequest`, :func:`pacer.api.check_generation`), in the
+    command line's words; returns the request."""
+    from .api import check_generation
     from .errors import PacerError
     from .sampling import SamplingConfig
 
@@ -154,9 +168,10 @@ def check_args(args: argparse.Namespace) -> None:
         raise PacerError(f"--threads must be >= 1, got {args.threads}")
     if any(s == "" for s in args.stop):
         raise PacerError("--stop takes a non-empty string (an empty one would stop after the first token)")
+    request = method_request(args)
     try:
-        sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
-        check_request(args.method, args.max_new_tokens, args.gamma, args.min_draft, args.max_draft, sampling,
-                      method_options(args))
+        check_generation(request, args.max_new_tokens, SamplingConfig(args.temperature, args.top_k, args.top_p,
+                                                                       args.seed))
     except PacerError as e:
         raise PacerError(as_flags(str(e))) from None
+    return request

@@ -137,12 +137,10 @@ class Calibration:
 
 
 def backend_version(loaded) -> str:
-    """The runtime that computes the forwards: PyTorch's version, or llama-cpp-python's."""
-    if loaded.backend == "llamacpp":
-        from .decoding.llama_backend import LLAMA_CPP_VERSION
+    """The runtime that computes the forwards (its backend record's: PyTorch's version, llama-cpp-python's)."""
+    from . import backends
 
-        return f"llama-cpp-python {LLAMA_CPP_VERSION}"
-    return f"torch {torch.__version__}"
+    return backends.of(loaded).version()
 
 
 def calibration_key(decoder, rows: torch.Tensor | None) -> dict:
@@ -175,10 +173,11 @@ def choose_draft_quant(draft, reps: int = 5) -> str:
     per machine, draft and threads, and cached like a calibration."""
     import copy
 
+    from . import backends
     from .decoding import TransformersBackend
     from .quantize import available, quantize_int8
 
-    if not available() or draft.backend != "transformers" or draft.model.device.type != "cpu":
+    if not available() or not backends.of(draft).int8 or draft.model.device.type != "cpu":
         return "none"  # the int8 kernel is a CPU one
     key = _machine_key(draft, "draft-quant")
     cached, _ = _read_payload(key)

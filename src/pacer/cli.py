@@ -12,16 +12,14 @@ import sys
 import time
 from collections.abc import Sequence
 
-from . import methods
 from .args import (
     add_decoding_args,
     add_model_args,
     as_flags,
+    auto_method,
     check_args,
-    cost_aware,
+    check_model_args,
     load_decoder,
-    method_options,
-    resolve_args_backend,
 )
 from .bench import cli as bench_cli
 from .errors import PacerError
@@ -34,7 +32,7 @@ from .streaming import TextStreamer
 def cmd_generate(args: argparse.Namespace) -> int:
     from .sampling import SamplingConfig
 
-    check_args(args)
+    request = check_args(args)
     if args.prompt == "-":
         try:
             prompt = sys.stdin.buffer.read().decode("utf-8") if hasattr(sys.stdin, "buffer") else sys.stdin.read()
@@ -44,19 +42,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
         prompt = args.prompt
     if not prompt.strip():
         raise PacerError("the prompt is empty; pass some text (or '-' to read standard input)")
-    draft = args.draft if methods.get(args.method).loads_draft else None
     profile = Profile.load(args.costs) if args.costs else None  # a bad file is refused before any model loads
-    dec = load_decoder(args, draft)
+    dec = load_decoder(args, request)
     if profile is not None:
         for note in dec.use_profile(profile):
             print(f"pacer: note: {note}", file=sys.stderr)
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
     streamer = None if args.json else TextStreamer(dec.tokenizer, args.stop)
-    res = dec.generate(
-        prompt, args.method, args.max_new_tokens, sampling, args.gamma, args.min_draft, args.max_draft,
-        stop=args.stop, chat=args.chat, on_tokens=streamer, options=method_options(args),
-        cost_aware=cost_aware(args),
-    )
+    res = dec.generate(prompt, request, args.max_new_tokens, sampling, stop=args.stop, chat=args.chat,
+                       on_tokens=streamer)
     if profile is not None:
         seconds = clock(profile, res.stats.wall_time, res.stats.calls)
         res.extra["profile_clock"] = {"profile": profile.describe(), "seconds": round(seconds, 6),
@@ -106,14 +100,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     is not a near-tie (a real losslessness failure); 0 otherwise."""
 
     asked = args.backend
-    resolve_args_backend(args)
-    if args.method == "auto":  # PACER with the shipped pre-verifier on the default pair, plain SD on other pairs
-        from .policies.learned import default_checkpoint
-
-        shipped = (default_checkpoint("pacer", args.backend) / "config.json").exists()
-        args.method = "pacer" if (args.draft == "default-draft" and shipped) or method_options(args).get("path") \
-            else "sd"
-    check_args(args)
+    check_model_args(args)
+    args.method = auto_method(args)
+    request = check_args(args)
     ignored = [flag for flag, used in (("--temperature", args.temperature != 0.0), ("--top-k", args.top_k != 0),
                                        ("--top-p", args.top_p != 1.0), ("--seed", args.seed != 0),
                                        ("--stop", bool(args.stop)), ("--chat", args.chat)) if used]
@@ -123,18 +112,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .calibration import describe_cpu
 
     dec = load_decoder(args)
-    runs = dec.target_info.weights if args.backend == "transformers" else f"{args.backend} backend"
+    record = dec.pair.record
+    runs = dec.target_info.weights if record.dtypes else f"{args.backend} backend"
     print(f"pacer demo: target {args.target}, draft {args.draft}, {runs}, {dec.threads} threads, "
           f"method {args.method}, {args.max_new_tokens} new tokens per prompt")
     print(f"machine: {describe_cpu()}")
-    from .models import backend_reason
+    from .backends import reason
 
-    why = backend_reason(args.backend) if asked == "auto" else f"--backend {asked}"
+    why = reason(args.backend) if asked == "auto" else f"--backend {asked}"
     print(f"backend: {args.backend} ({why})")
     print(f"weights: target {dec.target_info.weights}, draft {dec.draft_info.weights}"
           + (" (int8 weight-only: measured faster here; lossless, the draft only proposes)"
              if dec.draft_info.weights.startswith("int8") and args.quantize == "none" else ""))
-    if args.dtype == "auto" and args.backend == "transformers":
+    if args.dtype == "auto" and record.dtypes:
         from .calibration import choose_dtype
 
         print(f"dtype: {dec.target_info.dtype_name} (--dtype auto: {choose_dtype(dec.device)[1]})")
@@ -145,7 +135,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if note := cal.costs.slow_one_row_note():
         print(f"note: {note}")
     anchor = None
-    if args.backend == "transformers":  # the user's real anchor: llama.cpp's plain decoding of the same GGUF
+    if record.anchor:  # the user's real anchor: llama.cpp's plain decoding of the same GGUF
         from .bench.cli import _anchor_decoder
 
         anchor = _anchor_decoder(args, dec)
@@ -159,9 +149,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if anchor is not None:
             fast = anchor.generate(prompt, "ar", args.max_new_tokens, chat=kind == "chat")
             anchor_ratios.append(fast.stats.tokens_per_s / max(ar.stats.tokens_per_s, 1e-9))
-        sd = dec.generate(prompt, args.method, args.max_new_tokens, gamma=args.gamma, chat=kind == "chat",
-                          min_draft=args.min_draft, max_draft=args.max_draft, options=method_options(args),
-                          cost_aware=cost_aware(args))
+        sd = dec.generate(prompt, request, args.max_new_tokens, chat=kind == "chat")
         same = ar.token_ids == sd.token_ids
         print("-" * 100)
         print(prompt.strip()[:200])
@@ -246,7 +234,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         def say(msg: str) -> None:
             print(f"pacer: profiling: {msg}", file=sys.stderr)
 
-        prof = profiles.measure(dec, contexts, say=say)
+        rows = dec.draft_rows(dec.draft_vocab) if dec.draft_info is not None else None
+        prof = profiles.measure(dec.pair, rows, contexts, say=say)
         prof.name = args.profile_name or profiles.default_name(prof)
         prof.save(args.export)
         c1 = {c: row[1] for c, row in prof.target_cost.items()}

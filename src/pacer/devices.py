@@ -4,7 +4,8 @@
 no int8 weight-only quantization, whose kernel is PyTorch's CPU one), else the CPU. An explicit ``cuda`` that
 cannot be honoured is refused before any model loads (:func:`check_device`, called by
 :meth:`pacer.api.Decoder.from_pretrained` and, for the command line, by :func:`pacer.args.load_decoder`): on a
-machine without CUDA, with the ``llamacpp`` backend (the llama-cpp-python build here is CPU-only) or with int8.
+machine without CUDA, with a backend whose record runs on the CPU only (``llamacpp``: the llama-cpp-python build
+here is CPU-only) or with int8.
 
 :func:`place` moves a pair's ``transformers`` models to the device (``model.to(device)``: the dtype stays the one
 they were loaded in, bfloat16 by default on CUDA as on the CPU). Everything a backend creates per forward (input
@@ -45,23 +46,34 @@ def _name(device: str | torch.device | None) -> str:
     return "auto" if device is None else str(device).strip().lower()
 
 
+def device_type(device: str | torch.device | None = "auto") -> str:
+    """``cuda`` or ``cpu``: where ``device`` would run the models (``auto``: CUDA when available), before any
+    backend is chosen (``--backend auto`` picks one that runs there, :func:`pacer.backends.resolve`)."""
+    name = _name(device)
+    return "cuda" if name.startswith("cuda") or (name == "auto" and cuda_available()) else "cpu"
+
+
 def check_device(device: str | torch.device | None = "auto", backend: str = "transformers",
                  quantize: str = "none", draft_quant: str = "none") -> torch.device:
-    """The device ``device`` resolves to for these settings, or a :class:`PacerError` saying why it cannot be used
-    (see the module docstring). Loads nothing, so the command line and the API call it before any model loads."""
+    """The device ``device`` resolves to for these settings on ``backend`` (a registered backend's name), or a
+    :class:`PacerError` saying why it cannot be used (see the module docstring). Loads nothing, so the command
+    line and the API call it before any model loads."""
+    from . import backends
+
+    record = backends.get(backend)
     name = _name(device)
     int8 = quantize == "int8" or draft_quant == "int8"
     if name == "auto":
-        if cuda_available() and backend == "transformers" and not int8:
+        if cuda_available() and "cuda" in record.devices and not int8:
             return torch.device("cuda")
         return torch.device("cpu")
     if name == "cpu":
         return torch.device("cpu")
     if name != "cuda" and not (name.startswith("cuda:") and name[5:].isdigit()):
         raise PacerError(f"device must be auto, cpu or cuda (cuda:N for a given GPU), got '{device}'")
-    if backend != "transformers":
-        raise PacerError(f"device must be cpu or auto with the {backend} backend: the llama-cpp-python build here is "
-                         f"CPU-only (use --backend transformers to run on CUDA)")
+    if "cuda" not in record.devices:
+        raise PacerError(f"device must be cpu or auto with the {backend} backend: it runs on the CPU in this build "
+                         f"(use --backend transformers to run on CUDA)")
     if not cuda_available():
         raise PacerError(f"device must be cpu or auto on this machine: it has no CUDA GPU "
                          f"(torch.cuda.is_available() is false: {_no_cuda_reason()})")
@@ -75,24 +87,16 @@ def check_device(device: str | torch.device | None = "auto", backend: str = "tra
     return dev
 
 
-def backend_for(backend: str, device: str | torch.device | None = "auto") -> str:
-    """``backend`` with ``auto`` taken as ``transformers`` where the models would run on CUDA (an explicit ``cuda``,
-    or ``auto`` on a machine with CUDA): llama.cpp runs on the CPU in this build. Anything else is returned as it is
-    (``auto`` is then resolved by :func:`pacer.models.resolve_backend`)."""
-    name = _name(device)
-    if backend == "auto" and (name.startswith("cuda") or (name == "auto" and cuda_available())):
-        return "transformers"
-    return backend
-
-
 def place(target: LoadedModel, draft: LoadedModel | None, device: str | torch.device | None = "auto",
           quantize: str = "none", draft_quant: str = "none") -> torch.device:
     """Move a pair of :class:`pacer.models.LoadedModel` (``draft`` may be ``None``) to ``device`` (checked by
     :func:`check_device`); returns the device. ``transformers`` models move in place (``model.to``); a llama.cpp
     model stays where llama.cpp runs it (the CPU)."""
+    from . import backends
+
     dev = check_device(device, target.backend, quantize, draft_quant)
     for loaded in (target, draft):
-        if loaded is not None and loaded.backend == "transformers":
+        if loaded is not None and backends.of(loaded).torch_modules:
             loaded.model.to(dev)
     return dev
 

@@ -24,12 +24,17 @@ import json
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
+from . import backends
 from .errors import PacerError
 from .io import atomic_write_text
 from .models import pacer_home
+
+if TYPE_CHECKING:
+    from .pair import Pair
 
 #: conversations of the corpus counted (all ~17.6k of the packaged file; ~35 s of tokenization on 2 cores, once)
 CORPUS_CONVERSATIONS = 20000
@@ -91,11 +96,11 @@ AUTO_SIZE = 32768
 AUTO_MIN_VOCAB = 4 * AUTO_SIZE
 
 
-def auto_size(decoder) -> int:
-    """What ``--draft-vocab auto`` means for ``decoder``'s draft: :data:`AUTO_SIZE`, or 0 (the full vocabulary) for
+def auto_size(decoder: Pair) -> int:
+    """What ``--draft-vocab auto`` means for a loaded pair's draft: :data:`AUTO_SIZE`, or 0 (the full vocabulary) for
     a draft vocabulary under :data:`AUTO_MIN_VOCAB` tokens or a pair without a tokenizer."""
     info = decoder.draft_info
-    if info is None or decoder.tokenizer is None or not info.reduced_head:
+    if info is None or decoder.tokenizer is None or not backends.of(info).reduced_head:
         return 0
     return AUTO_SIZE if info.vocab_size >= AUTO_MIN_VOCAB else 0
 
@@ -120,13 +125,14 @@ def check_size(size: int, vocab: int) -> None:
                          f"(the draft's vocabulary has {vocab} tokens), got {size}")
 
 
-def load_or_build(decoder, size: int, home: Path | None = None, texts: Iterable[str] | None = None) -> torch.Tensor:
-    """The kept rows for ``decoder``'s draft at ``size`` (a sorted ``[size]`` long tensor), from the cache or counted
+def load_or_build(decoder: Pair, size: int, home: Path | None = None,
+                  texts: Iterable[str] | None = None) -> torch.Tensor:
+    """The kept rows for a loaded pair's draft at ``size`` (a sorted ``[size]`` long tensor), from the cache or counted
     now from the held-out corpus (``texts``: another corpus, for tests) and cached atomically."""
     info = decoder.draft_info
     if info is None:
         raise PacerError("a reduced draft vocabulary needs a draft model")
-    if not info.reduced_head:
+    if not backends.of(info).reduced_head:
         raise PacerError(f"the {info.backend} backend scores the whole vocabulary; drop --draft-vocab (or use "
                          f"--backend transformers)")
     vocab = info.vocab_size

@@ -194,37 +194,6 @@ def assemble_gguf(spec: GgufSpec, home: Path | None = None, progress: bool = Tru
 
 
 # -------------------------------------------------------------------------------------------------- loading
-#: the model backends (``--backend``): ``transformers`` (PyTorch, the reference) and ``llamacpp`` (GGUF files run by
-#: llama.cpp's own kernels, :mod:`pacer.decoding.llama_backend`); ``auto`` picks one (:func:`resolve_backend`)
-BACKENDS = ("transformers", "llamacpp")
-
-
-def _is_gguf(spec: str | None) -> bool:
-    return spec is None or spec in DEFAULT_NAMES or Path(spec).expanduser().suffix == ".gguf"
-
-
-def resolve_backend(backend: str, *specs: str | None, quantize: str = "none", draft_vocab: object = "auto") -> str:
-    """``auto`` -> ``llamacpp`` when llama-cpp-python is installed and every model is a GGUF file (the default
-    pair's are): llama.cpp runs them as they are, several times faster per token on a CPU than PyTorch's dequantized
-    bf16 (docs/backends.md); ``transformers`` otherwise, or when a transformers-only setting is asked for
-    (``quantize``, a reduced ``draft_vocab``). Any other value is returned as it is (checked by
-    :func:`check_backend`)."""
-    if backend != "auto":
-        return backend
-    if quantize != "none" or str(draft_vocab) not in ("auto", "0", "None") or not all(map(_is_gguf, specs)):
-        return "transformers"
-    return "llamacpp" if importlib.util.find_spec("llama_cpp") is not None else "transformers"
-
-
-def backend_reason(backend: str) -> str:
-    """Why ``auto`` chose ``backend``, in a few words (for ``pacer demo``)."""
-    if backend == "llamacpp":
-        return "llama.cpp runs the GGUF pair as it is, on its own CPU kernels"
-    if importlib.util.find_spec("llama_cpp") is None:
-        return "llama-cpp-python is not installed (bash scripts/setup.sh builds it): PyTorch runs the pair"
-    return "the pair or a setting needs PyTorch (a model folder, --quantize, --draft-vocab)"
-
-
 @dataclass
 class LoadedModel:
     """A causal LM with its tokenizer and provenance (``source`` and ``fingerprint`` identify the weights), as the
@@ -240,10 +209,8 @@ class LoadedModel:
     fingerprint: str
     dtype: torch.dtype
     extra: dict = field(default_factory=dict)
-    #: the backend name (:data:`BACKENDS`)
+    #: the name of its backend's record (:mod:`pacer.backends`: what it can do)
     backend = "transformers"
-    #: whether a draft backend can score a reduced vocabulary (:mod:`pacer.draftvocab`)
-    reduced_head = True
 
     def open(self, rows: torch.Tensor | None = None):
         """A fresh :class:`~pacer.decoding.backend.ModelBackend` on these weights (its own KV cache), scoring the
@@ -298,7 +265,6 @@ class GgufModel(LoadedModel):
     """A GGUF file run by llama.cpp (``model`` is a :class:`pacer.decoding.llama_backend.LlamaModel`)."""
 
     backend = "llamacpp"
-    reduced_head = False  # llama.cpp computes the whole LM head
 
     def open(self, rows: torch.Tensor | None = None):
         from .decoding.llama_backend import LlamaCppBackend
@@ -609,25 +575,6 @@ def _load_folder(path: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, objec
     return model, tok
 
 
-def check_backend(backend: str, *specs: str | None) -> None:
-    """A one-line error, before anything loads, for an unknown backend or a model it cannot run (llama.cpp runs
-    GGUF files: the default pair's, or a ``.gguf`` path)."""
-    if backend not in BACKENDS:
-        raise PacerError(f"unknown backend '{backend}'; use auto or one of {', '.join(BACKENDS)}")
-    if backend != "llamacpp":
-        return
-    for spec in specs:
-        if spec is None or spec in DEFAULT_NAMES:
-            continue
-        path = Path(spec).expanduser()
-        if path.exists() and not (path.is_file() and path.suffix == ".gguf"):
-            raise PacerError(f"the llamacpp backend runs GGUF files and '{spec}' is not one; pass a .gguf file "
-                             f"or use --backend transformers")
-    from .decoding.llama_backend import lib
-
-    lib()  # llama-cpp-python is installed (else a one-line error saying how to get it)
-
-
 def _gguf_file(spec: str, home: Path, progress: bool) -> tuple[Path, str]:
     """The GGUF file behind ``spec`` (the default pair's assembled and hash-checked) and its sha256."""
     if spec in DEFAULT_NAMES:
@@ -687,19 +634,19 @@ def load_gguf(spec: str, home: Path | None = None, progress: bool = True) -> Ggu
                                                                      "params": model.n_params})
 
 
-def load_model(
-    spec: str, dtype: str = "bfloat16", home: Path | None = None, progress: bool = True,
-    backend: str = "transformers",
-) -> LoadedModel:
-    """Load ``spec``: ``default-target``/``default-draft``, a Hugging Face model folder, or a ``.gguf`` file.
+def load_model(spec: str, dtype: str = "bfloat16", home: Path | None = None, progress: bool = True,
+               backend: str = "transformers") -> LoadedModel:
+    """Load ``spec`` (``default-target``/``default-draft``, a Hugging Face model folder or a ``.gguf`` file) on
+    ``backend`` (its record's loader, :mod:`pacer.backends`)."""
+    from . import backends
 
-    With ``backend="llamacpp"`` a GGUF file is run as it is by llama.cpp (:func:`load_gguf`; ``dtype`` does not
-    apply). Otherwise GGUF files (including the default pair) are converted once to a safetensors folder in
-    ``dtype`` and cached under ``$PACER_HOME/models`` keyed by the file's sha256, so later loads take seconds.
-    """
-    check_backend(backend)
-    if backend == "llamacpp":
-        return load_gguf(spec, home, progress)
+    return backends.check(backend, spec).load(spec, dtype, home, progress)
+
+
+def load_hf(spec: str, dtype: str = "bfloat16", home: Path | None = None, progress: bool = True) -> LoadedModel:
+    """Load ``spec`` for the ``transformers`` backend: GGUF files (including the default pair) are converted once
+    to a safetensors folder in ``dtype`` and cached under ``$PACER_HOME/models`` keyed by the file's sha256, so
+    later loads take seconds; a model folder is read as it is."""
     if dtype not in DTYPES:
         raise PacerError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)} (Decoder.from_pretrained also "
                          f"takes auto: pacer.calibration.choose_dtype)")

@@ -35,10 +35,16 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .costs import Costs, interpolate
 from .decoding.meter import DRAFT, TARGET, Call
 from .errors import PacerError
+
+if TYPE_CHECKING:
+    import torch
+
+    from .pair import Pair
 
 FORMAT = "pacer-profile/1"
 #: contexts ``pacer calibrate --export`` measures at (tokens cached before the scored ones)
@@ -170,7 +176,9 @@ class Profile:
         if draft is not None and self.draft is None:
             raise PacerError(f"{where} without a draft model; pass a profile of this pair")
         if target.get("dtype") != self.target.get("dtype"):
-            flag = "--dtype " + str(self.target.get("dtype")) if backend == "transformers" else "another file"
+            from . import backends
+
+            flag = "--dtype " + str(self.target.get("dtype")) if backends.get(backend).dtypes else "another file"
             raise PacerError(f"{where} with the target in {self.target.get('dtype')}, this run loaded it as "
                              f"{target.get('dtype')}; pass {flag}")
         notes = []
@@ -261,19 +269,20 @@ def clock(profile: Profile, wall: float, calls: Iterable[Call]) -> float:
     return sum(profile.price(c) for c in calls) + (wall - sum(c.seconds for c in calls))
 
 
-def pair_of(dec) -> tuple[str, dict, dict | None]:
-    """``(backend, target, draft)`` of a loaded :class:`pacer.api.Decoder`, as :meth:`Profile.check_pair` takes."""
-    t, d = dec.target_info, dec.draft_info
-    rows = dec.draft_rows(dec.draft_vocab) if d is not None else None
-    return (dec.backend, {"fingerprint": t.fingerprint, "dtype": t.weights},
+def pair_of(pair: Pair, rows: torch.Tensor | None = None) -> tuple[str, dict, dict | None]:
+    """``(backend, target, draft)`` of a loaded :class:`pacer.pair.Pair` whose draft scores vocabulary ``rows``,
+    as :meth:`Profile.check_pair` takes."""
+    t, d = pair.target_info, pair.draft_info
+    return (pair.backend, {"fingerprint": t.fingerprint, "dtype": t.weights},
             {"fingerprint": d.fingerprint, "dtype": d.weights, "rows": "full" if rows is None else int(len(rows))}
             if d is not None else None)
 
 
 # ------------------------------------------------------------------------------------------------ measuring
-def measure(dec, contexts: Sequence[int] = CONTEXTS, reps: int = 3, name: str = "",
-            say: Callable[[str], None] = lambda s: None) -> Profile:
-    """This machine's profile for ``dec``'s pair (see the module docstring; ``pacer calibrate --export``)."""
+def measure(pair: Pair, rows: torch.Tensor | None = None, contexts: Sequence[int] = CONTEXTS, reps: int = 3,
+            name: str = "", say: Callable[[str], None] = lambda s: None) -> Profile:
+    """This machine's profile for a loaded pair whose draft scores vocabulary ``rows`` (see the module docstring;
+    ``pacer calibrate --export``)."""
     import statistics
 
     import torch
@@ -282,10 +291,10 @@ def measure(dec, contexts: Sequence[int] = CONTEXTS, reps: int = 3, name: str = 
     from .calibration import _timed, cpu_identity, describe_cpu
     from .decoding.backend import Tree
 
-    target = dec.target
+    target = pair.target
     limit = target.context - max(TARGET_KS) - 2
     contexts = sorted({c for c in contexts if c <= limit}) or [min(32, max(1, limit))]
-    vocab = max(2, dec.vocab - 1)
+    vocab = max(2, pair.vocab - 1)
 
     def ids(n: int, offset: int = 0) -> list[int]:
         return [(1000 + 7 * (i + offset)) % vocab for i in range(n)]
@@ -335,8 +344,8 @@ def measure(dec, contexts: Sequence[int] = CONTEXTS, reps: int = 3, name: str = 
                 tr[c][k] = point(target, ids(k, c), c, k, tree_of(k))
         target.reset()
         draft_prefill = 0.0
-        if dec.draft_info is not None:
-            dm = dec.draft_backend(dec.draft_rows(dec.draft_vocab))
+        if pair.draft_info is not None:
+            dm = pair.draft_backend(rows)
             dm.forward(ids(8), keep=1)
             dm.reset()
             n = min(128, limit)
@@ -349,13 +358,13 @@ def measure(dec, contexts: Sequence[int] = CONTEXTS, reps: int = 3, name: str = 
                     say(f"draft, context {c}, {k} token{'s' * (k > 1)}")
                     dc[c][k] = point(dm, ids(k, c), c, k)
             dm.reset()
-    backend, t, d = pair_of(dec)
+    backend, t, d = pair_of(pair, rows)
     cpu = cpu_identity()
-    machine = {"cpu": cpu, "describe": describe_cpu(cpu), "threads": dec.threads,
+    machine = {"cpu": cpu, "describe": describe_cpu(cpu), "threads": pair.threads,
                "device": devices.describe(target.device) if target.device.type != "cpu" else "cpu"}
     from .calibration import backend_version
 
-    return Profile(name or "this machine", machine, backend, backend_version(dec.target_info), t, d, tc, pre,
+    return Profile(name or "this machine", machine, backend, backend_version(pair.target_info), t, d, tc, pre,
                    dc, draft_prefill, tr, measured=_dt.date.today().isoformat(),
                    source=f"pacer calibrate --export (median of {reps} forwards a point)")
 

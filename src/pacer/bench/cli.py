@@ -12,19 +12,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .. import backends
 from ..args import add_model_args
 from ..errors import PacerError
 
 DEFAULT_METHODS = ("ar,sd:gamma=4,heuristic,confidence,entropy,oracle,hf-assisted,"
                    "hf-assisted:schedule=heuristic")
-#: the llamacpp backend's default run (issue 14's table: llama.cpp's own p-min rule at 0.4 and 0.6, fixed γ 2..6)
-DEFAULT_METHODS_LLAMACPP = ("ar,sd:gamma=2..6,confidence:threshold=0.4,confidence:threshold=0.6,entropy,pacer,"
-                            "ouroboros,lookup,oracle")
 #: settings that must match when a run is resumed (the rest - methods, questions, repeats - may grow)
 PINNED = ("target", "draft", "target_fingerprint", "draft_fingerprint", "dtype", "threads", "max_new_tokens",
           "quick", "draft_vocab", "target_weights", "draft_weights", "backend", "temperature", "seed")
-#: methods that decode greedily only (the oracle drafts against ar's greedy answer; hf-assisted is run greedy)
-GREEDY_ONLY = ("oracle", "hf-assisted")
 
 
 def register(subparsers) -> None:
@@ -37,11 +33,15 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_bench)
 
 
+def _backend_defaults() -> str:
+    return "; ".join(f"{b.name}: {b.bench_methods}" for b in map(backends.get, backends.names()) if b.bench_methods)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--methods", default=None,
                    help="comma-separated name:key=val:... items, e.g. 'ar,sd:gamma=2..8,heuristic,"
                         "confidence:threshold=0.4,oracle,pacer,hf-assisted,hf-assisted:schedule=heuristic' "
-                        f"(default: {DEFAULT_METHODS}; with --backend llamacpp: {DEFAULT_METHODS_LLAMACPP})")
+                        f"(default: {DEFAULT_METHODS}; a backend may name its own: {_backend_defaults()})")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--questions", type=Path, default=None,
                      help="Spec-Bench / MT-bench question JSONL (question_id, category, turns)")
@@ -137,8 +137,10 @@ def command_line(args: argparse.Namespace, methods: str) -> str:
         parts += ["--temperature", str(args.temperature), "--seed", str(args.seed)]
     if not args.quick:
         parts += ["--target", args.target, "--draft", args.draft, "--backend", args.backend]
-        if args.backend == "transformers":
-            parts += ["--dtype", args.dtype, "--draft-quant", args.draft_quant, "--quantize", args.quantize]
+        if backends.get(args.backend).dtypes:
+            parts += ["--dtype", args.dtype]
+        if backends.get(args.backend).int8:
+            parts += ["--draft-quant", args.draft_quant, "--quantize", args.quantize]
     if args.threads:
         parts += ["--threads", str(args.threads)]
     parts += ["--draft-vocab", str(args.draft_vocab)]
@@ -150,7 +152,7 @@ def _validate(args: argparse.Namespace) -> None:
     if args.quick:  # tiny models are overhead-bound: one thread is fastest and suffers least from busy cores
         args.max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else 24
         args.threads = args.threads or 1
-        args.backend = "transformers" if args.backend == "auto" else args.backend
+        args.backend = backends.TRANSFORMERS.name if args.backend == "auto" else args.backend  # tiny torch models
     else:
         args.n = args.n if args.n is not None else 10
         args.max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else 128
@@ -248,12 +250,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.recheck_lossless:
         return recheck_lossless(out)
     _validate(args)
-    from ..args import resolve_args_backend
+    if not args.quick:
+        from ..args import check_model_args
 
-    resolve_args_backend(args)
-    methods_text = args.methods or (DEFAULT_METHODS_LLAMACPP if args.backend == "llamacpp" else DEFAULT_METHODS)
+        check_model_args(args)
+    methods_text = args.methods or backends.get(args.backend).bench_methods or DEFAULT_METHODS
     specs = parse_methods(methods_text)  # errors before anything is loaded or written
-    greedy_only = [s.label for s in specs if s.name in GREEDY_ONLY]
+    greedy_only = [s.label for s in specs if s.greedy_only]
     if args.temperature > 0 and greedy_only:
         raise PacerError(f"--temperature {args.temperature}: {', '.join(greedy_only)} decode(s) greedily only (the "
                          f"oracle drafts against ar's greedy answer); drop them from --methods or use --temperature 0")
@@ -369,14 +372,15 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
     # and warm-up, during which the tree may move on
     commit = _git("rev-parse", "HEAD")
     dirty = _git("status", "--porcelain", "--untracked-files=no")
-    if args.resume and previous and args.dtype == "auto" and args.backend == "transformers" and previous.get("dtype"):
+    keeps_dtype = args.dtype == "auto" and backends.get(args.backend).dtypes
+    if args.resume and previous and keeps_dtype and previous.get("dtype"):
         args.dtype = previous["dtype"]  # a resumed run keeps the dtype --dtype auto chose when it started
     dec, target, draft, dtype = _load_decoder(args)
     profile_notes = dec.use_profile(args.profile) if args.profile is not None else []
     for note in profile_notes:
         print(f"pacer bench: note: {note}", file=sys.stderr)
     decoders = {}
-    if args.anchor and not args.quick and dec.backend == "transformers":
+    if args.anchor and not args.quick and dec.pair.record.anchor:
         anchor = _anchor_decoder(args, dec)
         if anchor is not None:
             from .methods import ANCHOR, anchor_spec
@@ -384,7 +388,7 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
             decoders[ANCHOR] = anchor
             specs = [*specs, anchor_spec()]
             methods_text += f",{ANCHOR}"
-    if not args.quick and dec.backend == "transformers":
+    if not args.quick and dec.pair.record.dtypes:
         args.dtype = dtype  # the recorded command names the dtype that ran, not "auto" (a rerun elsewhere may differ)
     config = {
         "target": target, "draft": draft, "dtype": dtype, "threads": dec.threads,
@@ -457,7 +461,7 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
         from ..calibration import load_or_measure
         from ..profiles import Profile
 
-        own = args.own or Profile.from_calibration(load_or_measure(dec, dec.draft_rows(dec.draft_vocab)),
+        own = args.own or Profile.from_calibration(load_or_measure(dec.pair, dec.draft_rows(dec.draft_vocab)),
                                                    "this machine's calibration")
         clocks["own"] = own
         meta["own_clock"] = own.describe()
@@ -498,16 +502,16 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
 
 
 def _anchor_decoder(args: argparse.Namespace, dec):
-    """llama.cpp's plain decoding of the same GGUF target (the user's real anchor), or ``None`` where the target
-    is no GGUF file or llama-cpp-python is not installed."""
-    from ..models import resolve_backend
-
+    """The plain decoding of the same target on the backend the run's backend names as its anchor (llama.cpp's of
+    a GGUF target beside a transformers run: the user's real anchor), or ``None`` where the target is no GGUF
+    file or llama-cpp-python is not installed."""
     try:
-        if resolve_backend("auto", args.target) != "llamacpp":  # a GGUF target and llama-cpp-python installed
+        other = backends.anchor_for(dec.backend, args.target)
+        if other is None:
             return None
         from ..api import Decoder
 
-        return Decoder.from_pretrained(args.target, None, threads=args.threads, backend="llamacpp",
+        return Decoder.from_pretrained(args.target, None, threads=args.threads, backend=other,
                                        progress=getattr(args, "progress", True), draft_vocab=None)
     except (PacerError, ImportError) as e:
         print(f"pacer bench: note: no llama.cpp anchor ({e})", file=sys.stderr)

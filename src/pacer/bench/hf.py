@@ -56,8 +56,8 @@ def hf_assisted_generate(dec, ids: list[int], max_new_tokens: int, opts: dict | 
 
     if dec.draft_info is None:
         raise PacerError("hf-assisted needs a draft model (--draft)")
-    if dec.backend != "transformers":
-        raise PacerError(f"hf-assisted is transformers' own loop and runs on the transformers backend only; drop it "
+    if not dec.pair.record.torch_modules:
+        raise PacerError(f"hf-assisted is transformers' own loop and runs on transformers models only; drop it "
                          f"from --methods with --backend {dec.backend}")
     opts = dict(opts or {})
     target, draft = dec.target_info.model, dec.draft_info.model  # transformers models: this peer is HF-only

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from .. import methods
 from ..errors import PacerError
+from ..request import SETTINGS, MethodRequest
 
 HF_ASSISTED = "hf-assisted"
 #: the user's real anchor on a transformers-backend run of a GGUF target: llama.cpp's plain decoding of the same
@@ -27,8 +28,8 @@ HF_KEYS = {"schedule": "num_assistant_tokens_schedule", "tokens": "num_assistant
            "threshold": "assistant_confidence_threshold"}
 HF_SCHEDULES = ("constant", "heuristic", "heuristic_transient")
 ALIASES = {"min": "min_draft", "max": "max_draft"}
-#: options that go to ``Decoder.generate`` itself (the rest go in its ``options``)
-GENERATE_KEYS = tuple(o.name for o in methods.COMMON)
+#: the settings every drafting method takes besides its own options
+GENERATE_KEYS = SETTINGS
 
 
 def all_methods() -> tuple[str, ...]:
@@ -68,13 +69,14 @@ class MethodSpec:
     def is_anchor(self) -> bool:
         return self.label == ANCHOR
 
-    def generate_kwargs(self) -> dict:
-        """Keyword arguments for :meth:`Decoder.generate` (not for ``hf-assisted``)."""
-        kw: dict = {k: v for k, v in self.options if k in GENERATE_KEYS}
-        options = {k: v for k, v in self.options if k not in GENERATE_KEYS}
-        if options:
-            kw["options"] = options
-        return kw
+    @property
+    def greedy_only(self) -> bool:
+        """It decodes greedily only (the registry says which methods; ``hf-assisted`` is greedy here)."""
+        return self.name == HF_ASSISTED or methods.get(self.name).greedy_only
+
+    def request(self) -> MethodRequest:
+        """The :class:`~pacer.request.MethodRequest` :meth:`Decoder.generate` takes (not for ``hf-assisted``)."""
+        return MethodRequest.of(self.name, **dict(self.options))
 
 
 def anchor_spec() -> MethodSpec:
@@ -103,14 +105,10 @@ def _check(name: str, opts: list[tuple[str, object]], raw: str) -> None:
             if k == "schedule" and v not in HF_SCHEDULES:
                 raise PacerError(f"method '{raw}': schedule must be one of {', '.join(HF_SCHEDULES)}")
         return
-    m = methods.get(name)
-    for k, v in opts:
-        o = _option(name, k) if m.drafts else None
-        if o is None:
-            its = ", ".join([*GENERATE_KEYS, methods.DRAFT_VOCAB.name, *(x.name for x in m.options)]) \
-                if m.drafts else "none"
-            raise PacerError(f"method '{raw}': {name} takes no option '{k}' (its options: {its})")
-        o.check(v, raw)
+    try:
+        MethodRequest.of(name, **dict(opts))
+    except PacerError as e:  # the request's own check; named by the spec as written where it names no method
+        raise PacerError(str(e) if f"method '{name}'" in str(e) else f"method '{raw}': {e}") from None
 
 
 def parse_methods(text: str) -> list[MethodSpec]:

@@ -48,12 +48,12 @@ def run_turn(dec, spec: MethodSpec, ids: list[int], max_new_tokens: int,
         r = hf_assisted_generate(dec, ids, max_new_tokens, spec.opts)
         return TurnOut(r.token_ids, dec.decode(r.token_ids), r.wall_time, [n + 1 for n in r.accepted_counts],
                        r.draft_lengths, r.target_calls, r.draft_forwards, r.finish_reason, list(ids))
-    kwargs = spec.generate_kwargs()
+    kwargs: dict = {}
     if reference is not None:  # read by a policy that needs it (the oracle), ignored by the others
         kwargs["reference"] = reference
     if sampling is not None:
         kwargs["sampling"] = sampling
-    res = dec.generate(ids, spec.name, max_new_tokens, **kwargs)
+    res = dec.generate(ids, spec.request(), max_new_tokens, **kwargs)
     st = res.stats
     return TurnOut(list(res.token_ids), res.text, st.wall_time, [n + 1 for n in st.accepted_counts],
                    list(st.draft_lengths), st.target_calls, st.draft_forwards, st.finish_reason, list(ids),

@@ -18,7 +18,7 @@ def learned(kind: str):
         opts = dict(b.options)
         if b.cost_aware and "threshold" not in opts:
             opts["threshold"] = None  # the cost rule decides on the layer's survival score
-        return load_policy(b.decoder, kind, b.bounds, opts)
+        return load_policy(b.pair, kind, b.bounds, opts)
 
     return build
 

@@ -13,7 +13,7 @@ def _policy(b: Build) -> LookupPolicy:
 
 
 def _drafter(b: Build) -> LookupDrafter:
-    return LookupDrafter(b.decoder.vocab, **b.options, device=b.decoder.target.device)
+    return LookupDrafter(b.pair.vocab, **b.options, device=b.pair.target.device)
 
 
 register(Method("lookup", "prompt lookup: drafts the continuation of the longest matching n-gram of the prompt and "

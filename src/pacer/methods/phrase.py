@@ -30,7 +30,7 @@ def phrase_drafter(method: str):
         # each method (with its options) keeps its own warm-start pool: one method never sees another's output
         tag = method + "".join(f"|{k}={v}" for k, v in sorted(b.options.items()))
         tag += f"|draft_vocab={len(b.rows)}" if b.rows is not None else ""
-        return PhraseDrafter(b.decoder.draft_backend(b.rows), b.decoder.vocab, pool_tag=tag, **b.options)
+        return PhraseDrafter(b.pair.draft_backend(b.rows), b.pair.vocab, pool_tag=tag, **b.options)
 
     return build
 

@@ -25,8 +25,8 @@ from ..errors import PacerError
 if TYPE_CHECKING:
     import torch
 
-    from ..api import Decoder
     from ..decoding import Drafter
+    from ..pair import Pair
     from ..policies.base import DraftPolicy
 
 
@@ -91,12 +91,12 @@ class Option:
 
 @dataclass
 class Build:
-    """What a factory gets: the loaded ``decoder``; ``options`` (this method's, validated; absent ones are not in
-    it); ``bounds`` (``min_draft``/``max_draft`` where given); ``gamma`` (``None``: not given); ``cost_aware``
-    (the cost-aware rule will wrap the policy: a threshold not given must then be none); ``rows`` (the drafter's
-    draft vocabulary, ``None``: full)."""
+    """What a factory gets: the loaded ``pair`` (:class:`pacer.pair.Pair`); ``options`` (this method's,
+    validated; absent ones are not in it); ``bounds`` (``min_draft``/``max_draft`` where given); ``gamma``
+    (``None``: not given); ``cost_aware`` (the cost-aware rule will wrap the policy: a threshold not given must
+    then be none); ``rows`` (the drafter's draft vocabulary, ``None``: full)."""
 
-    decoder: Decoder
+    pair: Pair
     options: dict = field(default_factory=dict)
     bounds: dict = field(default_factory=dict)
     gamma: int | None = None

@@ -16,6 +16,7 @@ import json
 import time
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file
@@ -25,13 +26,19 @@ from ..preverify.features import FeatureSpec, RoundHistory, scalar_features
 from ..preverify.layer import PreVerifier, TokenHead
 from .base import DraftPolicy, DraftState, RoundResult
 
+if TYPE_CHECKING:
+    from ..pair import Pair
+
 DEFAULT_CHECKPOINTS = {"pacer": "pacer-default", "specdecpp": "specdecpp-default"}
 
 
 def default_checkpoint(kind: str, backend: str = "transformers") -> Path:
     """The shipped checkpoint of ``kind`` for features computed by ``backend`` (llama.cpp gives only the final
     hidden state, so its checkpoints read other features: ``pacer-llamacpp``)."""
-    name = DEFAULT_CHECKPOINTS[kind] if backend == "transformers" else f"{kind}-{backend}"
+    from .. import backends
+
+    suffix = backends.get(backend).checkpoint_suffix
+    name = f"{kind}-{suffix}" if suffix else DEFAULT_CHECKPOINTS[kind]
     return Path(str(resources.files("pacer") / "checkpoints" / name))
 
 
@@ -242,20 +249,20 @@ def make_learned_policy(kind: str, path: Path | str | None, draft_fingerprint: s
     return cls(model, mu, sd, cfg, **bounds, **extra)
 
 
-def load_policy(decoder, kind: str, bounds: dict, opts: dict) -> DraftPolicy:
-    """The policy for ``Decoder.make_policy``: ``opts`` may hold ``path`` (checkpoint), ``threshold`` (absent: the
-    checkpoint's; ``None``: none, for the cost-aware rule), ``block``."""
+def load_policy(pair: Pair, kind: str, bounds: dict, opts: dict) -> DraftPolicy:
+    """The policy of a loaded ``pair`` (for ``Decoder.make_policy``): ``opts`` may hold ``path``
+    (checkpoint), ``threshold`` (absent: the checkpoint's; ``None``: none, for the cost-aware rule), ``block``."""
     opts = dict(opts)
     given = set(opts)  # "threshold": None asks for no threshold (the cost-aware rule decides)
     path = opts.pop("path", None)
     thr = opts.pop("threshold", None)
-    if decoder.draft_info is None:
+    if pair.draft_info is None:
         raise PacerError(f"method '{kind}' needs a draft model")
-    backend = decoder.draft_info.backend
+    backend = pair.draft_info.backend
     if path is None and not (default_checkpoint(kind, backend) / "config.json").exists():
         raise PacerError(f"no shipped {kind} checkpoint for the {backend} backend; pass a checkpoint folder as the "
                          f"option path (--preverifier)")
-    pol = make_learned_policy(kind, path, decoder.draft_info.fingerprint, {**bounds}, opts, decoder.draft_info)
+    pol = make_learned_policy(kind, path, pair.draft_info.fingerprint, {**bounds}, opts, pair.draft_info)
     if thr is not None and not 0.0 <= thr <= 1.0:
         raise PacerError(f"threshold must be in [0, 1], got {thr}")
     if thr is not None or "threshold" in given:

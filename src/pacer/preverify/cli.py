@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from .. import backends
 from ..args import add_model_args
 from ..errors import PacerError
 from ..io import check_out_dir, check_out_file
@@ -52,7 +53,7 @@ def cmd_collect(args) -> int:
     check_out_dir(args.out)  # before any model loads
     dec = load_decoder(args)
     info = dec.draft_info
-    layers = args.layers if args.layers is not None else ((-1,) if info.backend == "llamacpp" else (-13, -1))
+    layers = args.layers if args.layers is not None else backends.of(info).default_layers
     spec = FeatureSpec(layers, info.hidden_size, args.max_draft)
     spec.check_fits(info.layers, info.hidden_size, f"the draft {args.draft}")
     offered = info.open().hidden_layers

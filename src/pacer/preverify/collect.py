@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save
 
+from .. import backends
 from ..data.mix import CATEGORIES, TrainingPrompt, training_mix
 from ..errors import PacerError
 from ..io import atomic_write_bytes, atomic_write_text
@@ -94,7 +95,7 @@ def collect(decoder, out_dir: Path, n_prompts: int, max_new_tokens: int = 48, sp
              "feature_spec": spec.to_dict(), "seed": seed, "max_new_tokens": max_new_tokens,
              "source": "mix/1 (pacer.data.mix)", "skip": skip, "temperatures": list(temperatures),
              "backend": decoder.backend}
-    if decoder.backend == "transformers":  # the weights' dtype changes the features (--dtype auto may differ)
+    if backends.get(decoder.backend).dtypes:  # the weights' dtype changes the features (--dtype auto may differ)
         ident["dtype"] = decoder.target_info.dtype_name
     if manifest_path.exists():
         manifest = read_manifest(manifest_path)

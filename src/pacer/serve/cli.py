@@ -6,8 +6,16 @@ import argparse
 import json
 import sys
 
-from .. import methods
-from ..args import add_method_args, add_model_args, as_flags, cost_aware, load_decoder, method_options
+from ..args import (
+    add_method_args,
+    add_model_args,
+    as_flags,
+    auto_method,
+    check_model_args,
+    cost_aware,
+    load_decoder,
+    method_options,
+)
 from ..errors import PacerError
 
 
@@ -52,36 +60,35 @@ def speculative_config(text: str | None) -> dict:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from ..api import check_request
+    from ..api import check_generation
+    from ..request import MethodRequest
     from .protocol import Defaults
 
     cfg = speculative_config(args.speculative_config)
-    method = cfg.pop("method", None) or args.method
-    if method == "auto":  # PACER with the shipped pre-verifier on the default pair, plain SD on other pairs
-        method = "pacer" if args.draft == "default-draft" else "sd"
-    bounds = {k: cfg.pop(k, getattr(args, k)) for k in ("gamma", "min_draft", "max_draft")}
-    aware = cfg.pop("cost_aware", cost_aware(args))
-    options = {**method_options(args), **cfg}
     for name, lo, v in (("--port", 0, args.port), ("--queue-size", 0, args.queue_size), ("--max-tokens", 1,
                                                                                          args.max_tokens)):
         if v < lo:
             raise PacerError(f"{name} must be >= {lo}, got {v}")
     if not args.request_timeout > 0:
         raise PacerError(f"--request-timeout must be > 0, got {args.request_timeout}")
+    check_model_args(args)
+    args.method = cfg.pop("method", None) or args.method
+    args.method = auto_method(args)
+    settings = {k: cfg.pop(k, getattr(args, k)) for k in ("gamma", "min_draft", "max_draft")}
     try:
-        check_request(method, args.max_tokens, bounds["gamma"], bounds["min_draft"], bounds["max_draft"], None,
-                      options)
+        request = MethodRequest(args.method, **settings, cost_aware=cfg.pop("cost_aware", cost_aware(args)),
+                                options={**method_options(args), **cfg})
+        check_generation(request, args.max_tokens)
     except PacerError as e:
         raise PacerError(as_flags(str(e))) from None
     import uvicorn
 
     from .app import build_app
 
-    dec = load_decoder(args, args.draft if methods.get(method).loads_draft else None)
-    defaults = Defaults(method, bounds["gamma"], bounds["min_draft"], bounds["max_draft"], aware, options,
-                        args.max_tokens)
+    dec = load_decoder(args, request)
+    defaults = Defaults(request, args.max_tokens)
     name = args.served_model_name or args.target
     app = build_app(dec, defaults, name, args.queue_size, args.request_timeout, args.api_key)
-    print(f"pacer serve: {name} ({method}) on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    print(f"pacer serve: {name} ({request.method}) on http://{args.host}:{args.port}/v1", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=30)
     return 0

@@ -5,8 +5,9 @@ Fields read (others are ignored, as OpenAI's own servers ignore what they do not
 strings, the last from the user), ``max_tokens`` (``max_completion_tokens`` for chat too), ``temperature``
 (OpenAI's default 1.0), ``top_p``, ``top_k``, ``seed`` (absent: a random one), ``stop`` (a string or a list),
 ``stream``, ``stream_options.include_usage``, ``n`` (1 only), and the extension ``pacer``: ``{"method": ...,
-"gamma"/"min_draft"/"max_draft"/"cost_aware": ..., <the method's registered options>}``, defaulting to the server's
-configuration. Every problem is a :class:`BadRequest` (HTTP 400, OpenAI's error shape).
+"gamma"/"min_draft"/"max_draft"/"cost_aware": ..., <the method's registered options>}`` (a
+:class:`~pacer.request.MethodRequest`), defaulting to the server's configuration. Every problem is a
+:class:`BadRequest` (HTTP 400, OpenAI's error shape).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from ..api import check_request
+from ..api import check_generation
 from ..errors import PacerError
+from ..request import SETTINGS, MethodRequest
 from ..sampling import SamplingConfig
 
 
@@ -40,15 +42,14 @@ def error_body(message: str, kind: str = "invalid_request_error", param: str | N
 
 @dataclass
 class Defaults:
-    """The server's configuration of a request's method (``--method``, ``--speculative-config``, option flags)."""
+    """The server's configuration: its method request (``--method``, ``--speculative-config``, option flags;
+    a method's name is taken as its request with no settings) and ``max_tokens``."""
 
-    method: str = "sd"
-    gamma: int | None = None
-    min_draft: int | None = None
-    max_draft: int | None = None
-    cost_aware: bool | None = None
-    options: dict = field(default_factory=dict)
+    request: MethodRequest | str = "sd"
     max_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        self.request = MethodRequest.of(self.request)
 
 
 @dataclass
@@ -61,12 +62,7 @@ class Request:
     stop: list[str]
     stream: bool
     include_usage: bool
-    method: str
-    gamma: int | None
-    min_draft: int | None
-    max_draft: int | None
-    cost_aware: bool | None
-    options: dict
+    method: MethodRequest
     model: str
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
@@ -146,27 +142,18 @@ def parse_request(body: dict, chat: bool, defaults: Defaults, model: str) -> Req
     if not isinstance(ext, dict):
         raise BadRequest("'pacer' must be an object: {\"method\": ..., options}", param="pacer")
     ext = dict(ext)
-    method = ext.pop("method", defaults.method)
+    base = defaults.request
+    method = ext.pop("method", base.method)
     if not isinstance(method, str):
         raise BadRequest("'pacer.method' must be a string", param="pacer.method")
-    given = {k: ext.pop(k) for k in ("gamma", "min_draft", "max_draft", "cost_aware") if k in ext}
-    same = method == defaults.method  # the server's options are for its own method
-    opts = {**(defaults.options if same else {}), **ext}
-    bounds = {k: given.get(k, getattr(defaults, k) if same else None) for k in ("gamma", "min_draft", "max_draft",
-                                                                                  "cost_aware")}
+    same = method == base.method  # the server's settings and options are for its own method
+    settings = {k: ext.pop(k, getattr(base, k) if same else None) for k in SETTINGS}
     try:
-        if bounds["cost_aware"] is not None and not isinstance(bounds["cost_aware"], bool):
-            raise PacerError(f"cost_aware must be true or false, got {bounds['cost_aware']!r}")
-        for k in ("gamma", "min_draft", "max_draft"):
-            v = bounds[k]
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-                raise PacerError(f"{k} must be an integer, got {v!r}")
-        check_request(method, max_tokens or 1, bounds["gamma"], bounds["min_draft"], bounds["max_draft"], sampling,
-                      opts)
+        request = MethodRequest(method, **settings, options={**(base.options if same else {}), **ext})
+        check_generation(request, max_tokens or 1, sampling)
     except PacerError as e:
         raise BadRequest(str(e), param="pacer") from None
-    return Request(chat, prompt, history, max_tokens, sampling, stop, stream, include_usage, method,
-                   bounds["gamma"], bounds["min_draft"], bounds["max_draft"], bounds["cost_aware"], opts,
+    return Request(chat, prompt, history, max_tokens, sampling, stop, stream, include_usage, request,
                    str(body.get("model") or model))
 
 

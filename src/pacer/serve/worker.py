@@ -121,9 +121,8 @@ class Worker:
             job.emit("tokens", list(ids))
 
         try:
-            res = self.decoder.generate(job.ids, r.method, r.max_tokens, r.sampling, r.gamma, r.min_draft,
-                                        r.max_draft, stop=r.stop, on_tokens=on_tokens, options=r.options,
-                                        cost_aware=r.cost_aware)
+            res = self.decoder.generate(job.ids, r.method, r.max_tokens, r.sampling, stop=r.stop,
+                                        on_tokens=on_tokens)
         except Exception as e:  # noqa: BLE001 - a failed generation is this request's error, never the worker's
             job.emit("error", e)
             return

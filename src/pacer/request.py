@@ -1,0 +1,120 @@
+"""One request shape for a decoding method: :class:`MethodRequest`, checked once, in its constructor.
+
+The command line (:func:`pacer.args.method_request`), the server (:mod:`pacer.serve.protocol`), the benchmark
+(:class:`pacer.bench.methods.MethodSpec`) and the API (:meth:`pacer.Decoder.generate`) build one; the method
+factories (:class:`pacer.methods.Build`) read it. Terms:
+
+- ``method``: a registered method's name (:mod:`pacer.methods`); ``record`` is its :class:`~pacer.methods.Method`.
+- ``gamma``: the fixed rules' draft length (their cap under the cost-aware rule); ``min_draft`` / ``max_draft``:
+  bounds on the draft tokens of a round; ``None``: not given (the method's default).
+- ``cost_aware``: wrap the policy in the cost-aware rule (:mod:`pacer.costs`); ``None``: on unless ``gamma`` or an
+  option that pins a literal rule (a threshold) is given (:attr:`aware`).
+- ``options``: the method's own options and ``draft_vocab``, split into ``policy_options`` and
+  ``drafter_options`` by the record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any
+
+from . import methods
+from .errors import PacerError
+
+if TYPE_CHECKING:
+    from .sampling import SamplingConfig
+
+#: the settings every drafting method takes besides its options (``Decoder.generate`` keywords)
+SETTINGS = ("gamma", "min_draft", "max_draft", "cost_aware")
+
+
+@dataclass(frozen=True)
+class MethodRequest:
+    """A decoding method with its settings, resolved against the registry and validated (a one-line
+    :class:`~pacer.errors.PacerError` otherwise); see the module docstring for the terms."""
+
+    method: str = "sd"
+    gamma: int | None = None
+    min_draft: int | None = None
+    max_draft: int | None = None
+    cost_aware: bool | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    record: methods.Method = field(init=False, repr=False, compare=False)
+    policy_options: dict = field(init=False, repr=False, compare=False)
+    drafter_options: dict = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.method, str):
+            raise PacerError(f"method must be a method's name, got {self.method!r}")
+        record = methods.get(self.method)
+        for o in methods.COMMON:
+            if (v := getattr(self, o.name)) is not None:
+                o.check(v, self.method)
+        if self.min_draft is not None and self.max_draft is not None and self.min_draft > self.max_draft:
+            raise PacerError(f"min_draft ({self.min_draft}) must not exceed max_draft ({self.max_draft})")
+        if not isinstance(self.options, Mapping):
+            raise PacerError(f"options must be a mapping of option names to values, got {self.options!r}")
+        policy, drafter = record.split(self.options)
+        object.__setattr__(self, "options", {**policy, **drafter})
+        object.__setattr__(self, "record", record)
+        object.__setattr__(self, "policy_options", policy)
+        object.__setattr__(self, "drafter_options", drafter)
+
+    @classmethod
+    def of(cls, method: str | MethodRequest = "sd", **settings: Any) -> MethodRequest:
+        """A request from a method's name and keyword settings: ``gamma``, ``min_draft``, ``max_draft``,
+        ``cost_aware``, ``options`` (a mapping) and any other keyword as an option; ``None`` values are not
+        given. A :class:`MethodRequest` is returned as it is (then nothing else may be given)."""
+        given = {k: v for k, v in settings.items() if v is not None}
+        if isinstance(method, MethodRequest):
+            if given:
+                raise PacerError(f"a MethodRequest is complete: pass {', '.join(given)} in it, not beside it")
+            return method
+        options = dict(given.pop("options", {}) or {})
+        options.update({k: given.pop(k) for k in list(given) if k not in SETTINGS})
+        return cls(method, options=options, **given)
+
+    @property
+    def name(self) -> str:
+        return self.method
+
+    @property
+    def drafts(self) -> bool:
+        return self.record.drafts
+
+    @property
+    def loads_draft(self) -> bool:
+        """It drafts with the draft model (which must then be loaded)."""
+        return self.record.loads_draft
+
+    @property
+    def aware(self) -> bool:
+        """Whether the cost-aware rule wraps the policy (``cost_aware``, or by default unless a literal rule is
+        pinned by ``gamma`` or an explicit option)."""
+        if self.cost_aware is not None:
+            return self.cost_aware
+        return not (self.gamma is not None or self.record.explicit(self.policy_options))
+
+    @property
+    def bounds(self) -> dict:
+        """The draft bounds given (``min_draft`` defaults to 0 under the cost-aware rule: a round where nothing
+        pays is a plain decoding step)."""
+        lo = 0 if self.min_draft is None and self.aware else self.min_draft
+        return {k: v for k, v in (("min_draft", lo), ("max_draft", self.max_draft)) if v is not None}
+
+    def check_sampling(self, sampling: SamplingConfig | None) -> None:
+        if self.record.greedy_only and sampling is not None and not sampling.greedy:
+            raise PacerError(f"the {self.method} method is defined for greedy decoding only (temperature 0)")
+
+    def with_(self, **changes: Any) -> MethodRequest:
+        """A copy with ``changes`` (checked again)."""
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """The given settings (``None`` ones left out) and options, as JSON-able values."""
+        out: dict = {"method": self.method}
+        out.update({f.name: v for f in fields(self) if f.name in SETTINGS and (v := getattr(self, f.name)) is not None})
+        if self.options:
+            out["options"] = dict(self.options)
+        return out
