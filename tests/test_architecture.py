@@ -243,3 +243,84 @@ def test_methods_hold_records_only():
         if extra:
             found[path.name] = sorted(extra)
     assert not found, f"classes outside the registry's records in pacer/methods: {found}"
+
+
+# ----------------------------------------------------------------------------------- backends and the Decoder
+#: the layers above the API: they load a :class:`pacer.Decoder` and drive it (the command line, the server, the
+#: benchmark, the collection and training jobs, the vLLM integration, the GPU check); every other module works on
+#: a :class:`pacer.pair.Pair` and never refers to the ``Decoder``
+ABOVE_API = ("pacer", "pacer.__main__", "pacer.api", "pacer.args", "pacer.cli", "pacer.gpu_check", "pacer.bench",
+             "pacer.serve", "pacer.integrations", "pacer.preverify.cli", "pacer.preverify.collect")
+#: where backend names may be compared: the backend records themselves
+RECORDS = "pacer.backends"
+
+
+def _above_api(name: str) -> bool:
+    return any(name == a or (a != ROOT and name.startswith(a + ".")) for a in ABOVE_API)
+
+
+def _backend_names() -> set[str]:
+    from pacer import backends
+
+    return set(backends.names())
+
+
+def _string_constants(node: ast.expr):
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        yield node.value
+    elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        for elt in node.elts:
+            yield from _string_constants(elt)
+
+
+def backend_name_tests(src: Path = SRC, names: set[str] | None = None) -> list[str]:
+    """``module:line`` of every comparison of a value with a backend's name (``== "llamacpp"``, ``in
+    ("transformers", ...)``) outside the backend records."""
+    names = _backend_names() if names is None else names
+    found = []
+    for name, path in modules(src).items():
+        if name == RECORDS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Compare) and any(
+                    s in names for op in (node.left, *node.comparators) for s in _string_constants(op)):
+                found.append(f"{name}:{node.lineno}")
+    return found
+
+
+def decoder_references(src: Path = SRC) -> list[str]:
+    """``module:line`` of every reference to the ``Decoder`` below the API: an import of ``pacer.api`` or of the
+    name, a use of the name, or a parameter called ``decoder``/``dec`` (the whole Decoder, duck-typed)."""
+    found = []
+    for name, path in modules(src).items():
+        if _above_api(name):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            bad = (isinstance(node, ast.Name) and node.id == "Decoder") or (
+                isinstance(node, ast.Attribute) and node.attr == "Decoder") or (
+                isinstance(node, ast.ImportFrom) and (any(a.name == "Decoder" for a in node.names)
+                                                     or (node.module or "").endswith("api"))) or (
+                isinstance(node, ast.arg) and node.arg in ("decoder", "dec"))
+            if bad:
+                found.append(f"{name}:{node.lineno}")
+    return found
+
+
+def test_rules_on_a_planted_package(tmp_path):
+    pkg = tmp_path / ROOT
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "low.py").write_text("def f(decoder):\n    return decoder.target\n")
+    (pkg / "cmp.py").write_text("def g(b):\n    return b.backend in ('toy', 'x')\n")
+    (pkg / "fine.py").write_text("def h(pair, b):\n    return b == 'other' and pair.target\n")
+    assert decoder_references(tmp_path) == [f"{ROOT}.low:1"]
+    assert backend_name_tests(tmp_path, {"toy"}) == [f"{ROOT}.cmp:2"]
+
+
+def test_no_backend_name_compared_outside_the_records():
+    assert backend_name_tests() == [], "ask the backend's record (pacer.backends) instead of testing its name"
+
+
+def test_no_module_below_the_api_refers_to_the_decoder():
+    assert decoder_references() == [], "modules below the API take a pacer.pair.Pair, not the Decoder"

@@ -6,7 +6,8 @@ the suffix of its shipped pre-verifier checkpoints, its runtime's version, and w
 it. Nothing else in pacer compares backend names (an architecture test checks it): code asks the record
 (``backends.of(loaded).reduced_head``, ``backends.get(name).dtypes``).
 
-The built-ins:
+The built-ins (registered by :mod:`pacer.models`, which loads their models; this module imports nothing of
+pacer's but its errors, so that every layer may ask a record):
 
 - ``transformers``: PyTorch (the reference). Model folders and GGUF files (dequantized once and cached);
   bf16/fp32/fp16, pacer's int8 weight-only quantization, a reduced draft head, any hidden layer, CPU or CUDA.
@@ -22,7 +23,6 @@ A new backend is one file: a :class:`~pacer.decoding.backend.ModelBackend`, a lo
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,7 +156,12 @@ def resolve(name: str, specs: Sequence[str | None], device: str = "cpu", quantiz
                 and b.setting_problem(quantize, draft_quant, draft_vocab) is None
                 and not any(s is not None and b.refuses(s) for s in specs)):
             return b.name
-    return TRANSFORMERS.name
+    for b in _REGISTRY.values():  # the first that runs them (the reference, transformers, for model folders)
+        if (device in b.devices and b.missing() is None
+                and b.setting_problem(quantize, draft_quant, draft_vocab) is None
+                and not any(s is not None and b.refuses(s) for s in specs)):
+            return b.name
+    raise PacerError("no registered backend runs these models with these settings here")
 
 
 def anchor_for(name: str, target: str) -> str | None:
@@ -178,63 +183,3 @@ def reason(name: str) -> str:
     if missing:
         return f"{missing[0]}: PyTorch runs the pair"
     return "the pair or a setting needs PyTorch (a model folder, --quantize, --draft-vocab, a GPU)"
-
-
-# ------------------------------------------------------------------------------------------------- built-ins
-def _torch_version() -> str:
-    import torch
-
-    return f"torch {torch.__version__}"
-
-
-def _llama_version() -> str:
-    from .decoding.llama_backend import LLAMA_CPP_VERSION
-
-    return f"llama-cpp-python {LLAMA_CPP_VERSION}"
-
-
-def _load_transformers(spec: str, dtype: str, home: Path | None, progress: bool) -> LoadedModel:
-    from .models import load_hf
-
-    return load_hf(spec, dtype, home, progress)
-
-
-def _load_gguf(spec: str, dtype: str, home: Path | None, progress: bool) -> LoadedModel:
-    from .models import load_gguf
-
-    return load_gguf(spec, home, progress)
-
-
-def _gguf_only(spec: str | None) -> str | None:
-    from .models import DEFAULT_NAMES
-
-    if spec is None or spec in DEFAULT_NAMES:
-        return None
-    path = Path(spec).expanduser()
-    if (path.exists() and not (path.is_file() and path.suffix == ".gguf")) or (
-            not path.exists() and path.suffix != ".gguf"):
-        return (f"the llamacpp backend runs GGUF files and '{spec}' is not one; pass a .gguf file or use "
-                f"--backend transformers")
-    return None
-
-
-def _llama_missing() -> str | None:
-    from .decoding.llama_backend import LLAMA_CPP_VERSION
-
-    if importlib.util.find_spec("llama_cpp") is None:
-        return (f"the llamacpp backend needs llama-cpp-python=={LLAMA_CPP_VERSION}; run `bash scripts/setup.sh` "
-                f"(it builds it, about 10 minutes once)")
-    return None
-
-
-LLAMACPP = register(Backend(
-    "llamacpp", "GGUF files as they are, on llama.cpp's own kernels (llama-cpp-python)", _load_gguf,
-    _llama_version, devices=("cpu",), hidden_layers=(-1,), checkpoint_suffix="llamacpp", refuses=_gguf_only,
-    missing=_llama_missing, auto=True, auto_reason="llama.cpp runs the GGUF pair as it is, on its own CPU kernels",
-    # issue 14's table: llama.cpp's own p-min rule at 0.4 and 0.6, fixed γ 2..6
-    bench_methods="ar,sd:gamma=2..6,confidence:threshold=0.4,confidence:threshold=0.6,entropy,pacer,ouroboros,"
-                  "lookup,oracle"))
-TRANSFORMERS = register(Backend(
-    "transformers", "PyTorch (the reference): model folders, or GGUF files dequantized once", _load_transformers,
-    _torch_version, devices=("cpu", "cuda"), dtypes=("bfloat16", "float32", "float16"), int8=True,
-    reduced_head=True, torch_modules=True, anchor="llamacpp"))

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from . import backends
 from .errors import PacerError
 from .io import atomic_write_text
 
@@ -638,8 +639,6 @@ def load_model(spec: str, dtype: str = "bfloat16", home: Path | None = None, pro
                backend: str = "transformers") -> LoadedModel:
     """Load ``spec`` (``default-target``/``default-draft``, a Hugging Face model folder or a ``.gguf`` file) on
     ``backend`` (its record's loader, :mod:`pacer.backends`)."""
-    from . import backends
-
     return backends.check(backend, spec).load(spec, dtype, home, progress)
 
 
@@ -765,3 +764,55 @@ def eos_ids(loaded: LoadedModel) -> set[int]:
 
 def describe(loaded: LoadedModel) -> dict:
     return loaded.describe()
+
+
+# ------------------------------------------------------------------------------------------ the built-in backends
+def _torch_version() -> str:
+    return f"torch {torch.__version__}"
+
+
+def _llama_version() -> str:
+    from .decoding.llama_backend import LLAMA_CPP_VERSION
+
+    return f"llama-cpp-python {LLAMA_CPP_VERSION}"
+
+
+def _load_transformers(spec: str, dtype: str, home: Path | None, progress: bool) -> LoadedModel:
+    return load_hf(spec, dtype, home, progress)
+
+
+def _load_gguf(spec: str, dtype: str, home: Path | None, progress: bool) -> LoadedModel:
+    return load_gguf(spec, home, progress)
+
+
+def _gguf_only(spec: str | None) -> str | None:
+    if spec is None or spec in DEFAULT_NAMES:
+        return None
+    path = Path(spec).expanduser()
+    if (path.exists() and not (path.is_file() and path.suffix == ".gguf")) or (
+            not path.exists() and path.suffix != ".gguf"):
+        return (f"the llamacpp backend runs GGUF files and '{spec}' is not one; pass a .gguf file or use "
+                f"--backend transformers")
+    return None
+
+
+def _llama_missing() -> str | None:
+    from .decoding.llama_backend import LLAMA_CPP_VERSION
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        return (f"the llamacpp backend needs llama-cpp-python=={LLAMA_CPP_VERSION}; run `bash scripts/setup.sh` "
+                f"(it builds it, about 10 minutes once)")
+    return None
+
+
+LLAMACPP = backends.register(backends.Backend(
+    "llamacpp", "GGUF files as they are, on llama.cpp's own kernels (llama-cpp-python)", _load_gguf,
+    _llama_version, devices=("cpu",), hidden_layers=(-1,), checkpoint_suffix="llamacpp", refuses=_gguf_only,
+    missing=_llama_missing, auto=True, auto_reason="llama.cpp runs the GGUF pair as it is, on its own CPU kernels",
+    # issue 14's table: llama.cpp's own p-min rule at 0.4 and 0.6, fixed γ 2..6
+    bench_methods="ar,sd:gamma=2..6,confidence:threshold=0.4,confidence:threshold=0.6,entropy,pacer,ouroboros,"
+                  "lookup,oracle"))
+TRANSFORMERS = backends.register(backends.Backend(
+    "transformers", "PyTorch (the reference): model folders, or GGUF files dequantized once", _load_transformers,
+    _torch_version, devices=("cpu", "cuda"), dtypes=("bfloat16", "float32", "float16"), int8=True,
+    reduced_head=True, torch_modules=True, anchor="llamacpp"))

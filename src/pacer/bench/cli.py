@@ -152,7 +152,9 @@ def _validate(args: argparse.Namespace) -> None:
     if args.quick:  # tiny models are overhead-bound: one thread is fastest and suffers least from busy cores
         args.max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else 24
         args.threads = args.threads or 1
-        args.backend = backends.TRANSFORMERS.name if args.backend == "auto" else args.backend  # tiny torch models
+        from ..models import TRANSFORMERS
+
+        args.backend = TRANSFORMERS.name if args.backend == "auto" else args.backend  # the tiny pair: torch models
     else:
         args.n = args.n if args.n is not None else 10
         args.max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else 128
@@ -295,12 +297,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _load_decoder(args: argparse.Namespace):
-    """The run's pair (tiny random models under ``--quick``) and the names it is recorded under:
-    ``(decoder, target, draft, dtype)``."""
+    """The run's pair (tiny random models under ``--quick``, unless ``--target``/``--draft`` name another pair, e.g. on
+    a registered backend of your own) and the names it is recorded under: ``(decoder, target, draft, dtype)``."""
     from ..api import Decoder
     from ..args import load_decoder
 
-    if args.quick:
+    if args.quick and (args.target, args.draft) == ("default-target", "default-draft"):
         from ..tiny import tiny_pair
 
         dec = Decoder(*tiny_pair("close"), threads=args.threads, draft_vocab=args.draft_vocab)

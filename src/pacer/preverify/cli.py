@@ -8,8 +8,15 @@ from pathlib import Path
 
 from .. import backends
 from ..args import add_model_args
+from ..costs import Costs
 from ..errors import PacerError
 from ..io import check_out_dir, check_out_file
+
+
+def measure_costs(dec) -> Costs:
+    """This machine's costs for the loaded pair with its draft vocabulary, measured afresh
+    (:mod:`pacer.calibration`)."""
+    return dec.calibration(dec.draft_rows(dec.draft_vocab), refresh=True).costs
 
 
 def _layers(text: str) -> tuple[int, ...]:
@@ -21,8 +28,6 @@ def _layers(text: str) -> tuple[int, ...]:
 
 def read_costs(path: str):
     """The costs JSON written by ``pacer tune --measure-costs``; a bad file is a one-line error."""
-    from .train import Costs
-
     try:
         return Costs.from_dict(json.loads(Path(path).read_text()))
     except OSError as e:
@@ -46,7 +51,6 @@ def cmd_collect(args) -> int:
     from ..args import load_decoder
     from .collect import collect
     from .features import FeatureSpec
-    from .train import measure_costs
 
     if args.n <= 0 or args.max_new_tokens <= 0 or args.max_draft <= 0:
         raise PacerError("--n, --max-new-tokens and --max-draft must be >= 1")
@@ -86,7 +90,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    from .train import measure_costs, retune
+    from .train import retune
 
     # every bad combination fails before the (slow) model loading and cost measurement
     if not args.checkpoint and not args.measure_costs:

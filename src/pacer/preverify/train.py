@@ -409,11 +409,6 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
     return cfg
 
 
-def measure_costs(decoder) -> Costs:
-    """This machine's costs for ``decoder`` with its draft vocabulary, measured afresh (:mod:`pacer.calibration`)."""
-    return decoder.calibration(decoder.draft_rows(decoder.draft_vocab), refresh=True).costs
-
-
 def retune(ckpt: Path, data_dir: Path, costs: Costs, min_draft: int | None = None, held_out: bool = False) -> dict:
     """Re-choose the threshold of an existing checkpoint for new costs (e.g. measured on another machine, or with a
     reduced draft vocabulary). It is tuned on the validation split of ``data_dir``, or on all of it with
