@@ -305,12 +305,15 @@ class Decoder:
         return text
 
 
-def generate(prompt: str, method: str = "sd", target: str = "default-target", draft: str = "default-draft",
-             dtype: str = "auto", threads: int | None = None, backend: str = "auto",
+def generate(prompt: str, method: str | MethodRequest = "sd", target: str = "default-target",
+             draft: str = "default-draft", dtype: str = "auto", threads: int | None = None, backend: str = "auto",
              **kwargs) -> GenerationResult:
-    """One-shot: load the pair, generate, return a :class:`GenerationResult` (text, token_ids, stats)."""
-    return Decoder.from_pretrained(target, draft if methods.get(method).loads_draft else None, dtype, threads,
-                                   backend=backend).generate(prompt, method, **kwargs)
+    """One-shot: load the pair (the draft only where the method drafts with it), generate, return a
+    :class:`GenerationResult` (text, token_ids, stats). ``kwargs``: :meth:`Decoder.generate`'s."""
+    settings = {k: kwargs.pop(k) for k in ("gamma", "min_draft", "max_draft", "cost_aware", "options") if k in kwargs}
+    request = MethodRequest.of(method, **settings)
+    spec = LoadSpec(target, draft if request.loads_draft else None, backend, dtype, threads)
+    return Decoder.load(spec).generate(prompt, request, **kwargs)
 
 
 def check_generation(request: MethodRequest, max_new_tokens: int, sampling: SamplingConfig | None = None) -> None:
