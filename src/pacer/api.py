@@ -112,7 +112,7 @@ class Decoder:
         ``dtype`` does not apply there) or ``auto`` (llama.cpp for a GGUF pair when llama-cpp-python is installed,
         :func:`pacer.models.resolve_backend`; on a CUDA ``device``, transformers). ``device``: see :mod:`pacer.devices`
         (checked before anything loads). ``dtype="auto"``: the transformers backend's weights in the dtype
-        :func:`pacer.calibration.choose_dtype` measures faster on this machine."""
+        :func:`pacer.machine.choose_dtype` measures faster on this machine."""
         from .quantize import check_kind
 
         check_kind(quantize)
@@ -125,7 +125,7 @@ class Decoder:
         dev = devices.check_device(device, backend, quantize, draft_quant)
         models.set_threads(threads)
         if dtype == "auto":  # the transformers backend's weights dtype, measured on this machine
-            from .calibration import choose_dtype
+            from .machine import choose_dtype
 
             dtype = choose_dtype(dev, progress=progress)[0] if backend == "transformers" else "bfloat16"
         t = models.load_model(target, dtype, progress=progress, backend=backend)
