@@ -20,7 +20,6 @@ ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_t
 KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
 
 
-
 # ------------------------------------------------------------------------------------------------------ CPU
 def cpu_identity() -> dict:
     """The CPU as the kernels see it: model name, family/model, the ISA flags that matter, PyTorch's kernel level
