@@ -63,7 +63,7 @@ def main() -> int:
 
     from pacer import Decoder
     from pacer.bench.data import load_dataset, select
-    from pacer.calibration import describe_cpu
+    from pacer.machine import describe_cpu
 
     questions = []
     for name in ("humaneval", "gsm8k", "mtbench"):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from pacer.calibration import describe_cpu  # noqa: E402
+from pacer.machine import describe_cpu  # noqa: E402
 from pacer.profiles import Profile  # noqa: E402
 
 SRC = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "shared" / "profiles"

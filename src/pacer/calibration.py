@@ -23,16 +23,13 @@ plain decoding step) with a note, and writes nothing.
 The result is cached in ``$PACER_HOME/calibration/`` under a key of everything it depends on: both models'
 fingerprints and dtypes, the draft vocabulary, the threads, the CPU (model, ISA flags, PyTorch's kernel level and
 the environment switches that change it), the PyTorch version and, for a pair on a GPU, the GPU. A cache file whose
-key or checksum does not match, or that cannot be read, is re-measured with a note; it is written atomically.
+key or checksum does not match, or that cannot be read, is re-measured with a note; it is written atomically
+(:class:`pacer.cache.Store`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-import os
-import platform
 import statistics
 import sys
 import time
@@ -43,7 +40,9 @@ from pathlib import Path
 import torch
 
 from . import devices
+from .cache import Store
 from .costs import Costs
+from .machine import cpu_identity
 
 FORMAT = "pacer-calibration/3"  # 2: the draft's prefill cost per token; 3: the draft's curve c_d(k)
 #: the draft forwards measured besides one token: a phrase check over k new tokens (Ouroboros)
@@ -53,52 +52,9 @@ REPS = 3
 NOISY = 1.5
 #: a curve is treated as growing like ``k`` (and extrapolated) once ``c_t(4) >= LINEAR * c_t(1)``
 LINEAR = 2.5
-#: the ISA flags that decide which GEMM kernels run (x86 and ARM)
-ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8",
-             "asimd", "sve", "bf16", "i8mm")
-KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
-
-
-# ------------------------------------------------------------------------------------------------------ CPU
-def cpu_identity() -> dict:
-    """The CPU as the kernels see it: model name, family/model, the ISA flags that matter, PyTorch's kernel level
-    and the environment switches that lower it (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``)."""
-    info: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            k, _, v = line.partition(":")
-            k = k.strip()
-            if k in ("model name", "cpu family", "model", "flags", "Features", "CPU implementer", "CPU part") \
-                    and k not in info:
-                info[k] = v.strip()
-    except OSError:
-        pass
-    flags = set((info.get("flags") or info.get("Features") or "").split())
-    return {
-        "model": info.get("model name") or platform.processor() or platform.machine(),
-        "family": info.get("cpu family", ""),
-        "model_id": info.get("model", info.get("CPU part", "")),
-        "arch": platform.machine(),
-        "flags": [f for f in ISA_FLAGS if f in flags],
-        "torch_kernels": torch.backends.cpu.get_cpu_capability(),
-        "env": {k: os.environ[k] for k in KERNEL_ENV if k in os.environ},
-    }
-
-
-def isa_level(cpu: dict) -> str:
-    """A short name for the CPU's fastest matrix instructions: AMX, AVX-512 BF16, AVX-512, AVX2, ..."""
-    f = set(cpu.get("flags", ()))
-    level = ("AMX" if "amx_tile" in f else "AVX-512 BF16" if "avx512_bf16" in f else "AVX-512" if "avx512f" in f
-             else "AVX2" if "avx2" in f else "NEON" if "asimd" in f else "no vector ISA known")
-    return level
-
-
-def describe_cpu(cpu: dict | None = None) -> str:
-    """One line: ``Intel(R) Xeon(R) ... (family 6, model 207), AVX-512 BF16, PyTorch kernels AVX512``."""
-    cpu = cpu or cpu_identity()
-    env = "".join(f", {k}={v}" for k, v in cpu.get("env", {}).items())
-    fam = f" (family {cpu['family']}, model {cpu['model_id']})" if cpu.get("family") else ""
-    return f"{cpu['model']}{fam}, {isa_level(cpu)}, PyTorch kernels {cpu['torch_kernels']}{env}"
+#: the cached calibrations, and the machine measurements kept with them (:func:`choose_draft_quant`,
+#: :func:`pacer.machine.choose_dtype`); a file of an older ``FORMAT`` is measured again
+STORE = Store("calibration", FORMAT, "calibration cache")
 
 
 # ---------------------------------------------------------------------------------------------- calibration
@@ -180,7 +136,7 @@ def choose_draft_quant(draft, reps: int = 5) -> str:
     if not available() or not backends.of(draft).int8 or draft.model.device.type != "cpu":
         return "none"  # the int8 kernel is a CPU one
     key = _machine_key(draft, "draft-quant")
-    cached, _ = _read_payload(key)
+    cached, _ = STORE.get(key)
     if cached is not None and cached.get("choice") in ("int8", "none"):
         return cached["choice"]
     ctx = [(1000 + 7 * i) % max(2, draft.vocab_size - 1) for i in range(CONTEXT)]
@@ -192,97 +148,8 @@ def choose_draft_quant(draft, reps: int = 5) -> str:
             _timed(cm, ctx[:1], len(ctx))
             times[kind] = statistics.median(_timed(cm, ctx[:1], len(ctx)) for _ in range(reps))
     choice = "int8" if times["int8"] < 0.9 * times["none"] else "none"
-    _write_payload(key, {"choice": choice, "seconds": {k: round(v, 5) for k, v in times.items()}})
+    STORE.put(key, {"choice": choice, "seconds": {k: round(v, 5) for k, v in times.items()}})
     return choice
-
-
-# ---------------------------------------------------------------------------------------------- dtype auto
-#: what ``--dtype auto`` chooses among on a CPU (float16 has no fast CPU matrix kernels)
-CPU_DTYPES = ("bfloat16", "float32")
-#: the layer it times: the MLP up-projection of a 1.5B Qwen2.5 (hidden 1536 -> intermediate 8960), in
-#: ``DTYPE_COPIES`` copies (220 MB in bfloat16: out of any last-level cache, as a model's weights are)
-DTYPE_SHAPE = (1536, 8960)
-DTYPE_COPIES = 8
-#: the generation it prices: ``DTYPE_PROMPT`` prompt tokens prefilled ``DTYPE_CHUNK`` at a time, then ``DTYPE_NEW``
-#: tokens decoded one at a time
-DTYPE_PROMPT, DTYPE_CHUNK, DTYPE_NEW = 128, 32, 128
-#: float32 holds twice the memory: it is chosen only when it prices at most this fraction of bfloat16
-DTYPE_MARGIN = 0.9
-
-
-def dtype_cost(t1: float, t_chunk: float) -> float:
-    """Seconds of the priced generation from one linear layer's times at 1 and ``DTYPE_CHUNK`` rows."""
-    return DTYPE_PROMPT / DTYPE_CHUNK * t_chunk + DTYPE_NEW * t1
-
-
-def choose_dtype(device: torch.device | str = "cpu", reps: int = 5, progress: bool = True) -> tuple[str, str]:
-    """``(dtype, why)``: the weights dtype ``--dtype auto`` loads the transformers backend's models in.
-
-    On CUDA: ``bfloat16`` where the GPU has it natively (compute capability >= 8), else ``float16``. On a CPU
-    :data:`DTYPE_COPIES` linear layers of shape :data:`DTYPE_SHAPE` (together larger than a CPU's last-level cache,
-    so that weights stream from memory as a model's do) are timed in each of :data:`CPU_DTYPES` at 1 row (a
-    decoding step) and ``DTYPE_CHUNK`` rows (prefill, verification), median of ``reps``, and the generation
-    :func:`dtype_cost` prices is compared: CPUs
-    without native bf16 instructions (AVX2-only ones) convert every bf16 weight to float32 on the fly and can be
-    faster in float32, those with AVX-512 BF16 or AMX are faster in bfloat16. Measured once per machine, threads
-    and PyTorch, cached like a calibration. Both dtypes hold the dequantized GGUF weights (float32 exactly), so
-    the choice changes what plain decoding emits only by rounding; ``--dtype`` pins it."""
-    dev = torch.device(device)
-    if dev.type == "cuda":  # native bf16 from Ampere (compute capability 8) on; older GPUs only emulate it
-        ok = torch.cuda.get_device_capability(dev)[0] >= 8
-        return ("bfloat16", "a CUDA GPU with native bf16") if ok else ("float16", "a CUDA GPU without native bf16")
-    key = {"format": FORMAT, "what": "dtype", "dtypes": list(CPU_DTYPES), "margin": DTYPE_MARGIN,
-           "shape": list(DTYPE_SHAPE), "copies": DTYPE_COPIES, "prompt": DTYPE_PROMPT, "chunk": DTYPE_CHUNK,
-           "new": DTYPE_NEW, "threads": torch.get_num_threads(), "cpu": cpu_identity(), "torch": torch.__version__}
-    cached, _ = _read_payload(key)
-    cost = cached.get("cost") if cached is not None else None
-    if not (isinstance(cost, dict) and all(isinstance(cost.get(d), float) and cost[d] > 0 for d in CPU_DTYPES)):
-        if progress:
-            print("pacer: timing bfloat16 and float32 matrix kernels on this CPU for --dtype auto (once, seconds)",
-                  file=sys.stderr)
-        cost = {name: dtype_cost(*linear_times(name, reps)) for name in CPU_DTYPES}
-        _write_payload(key, {"cost": {k: round(v, 6) for k, v in cost.items()}})
-    choice = "float32" if cost["float32"] <= DTYPE_MARGIN * cost["bfloat16"] else "bfloat16"
-    return choice, _dtype_reason(cost)
-
-
-def linear_times(dtype: str, reps: int = 5) -> tuple[float, float]:
-    """Median seconds of one :data:`DTYPE_SHAPE` linear layer in ``dtype`` at 1 and ``DTYPE_CHUNK`` rows (each
-    repetition runs all :data:`DTYPE_COPIES` copies in turn, so none is served from the cache)."""
-    g = torch.Generator().manual_seed(0)
-    dt = getattr(torch, dtype)
-    ws = [(torch.rand(DTYPE_SHAPE[1], DTYPE_SHAPE[0], generator=g) - 0.5).to(dt) for _ in range(DTYPE_COPIES)]
-    times = []
-    with torch.inference_mode():
-        for rows in (1, DTYPE_CHUNK):
-            x = torch.randn(rows, DTYPE_SHAPE[0], generator=g).to(dt)
-            ts = []
-            for _ in range(reps + 1):  # the first is a warm-up
-                t = time.perf_counter()
-                for w in ws:
-                    torch.nn.functional.linear(x, w)
-                ts.append((time.perf_counter() - t) / len(ws))
-            times.append(statistics.median(ts[1:]))
-    return times[0], times[1]
-
-
-def _dtype_reason(cost: dict) -> str:
-    return (f"one linear layer timed in each dtype: a {DTYPE_PROMPT}-token prompt and {DTYPE_NEW} new tokens cost "
-            f"{cost['float32'] / cost['bfloat16']:.2f}x in float32 what they cost in bfloat16 on this CPU")
-
-
-def _key_hash(key: dict) -> str:
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
-
-
-def _checksum(payload: dict) -> str:
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-
-
-def cache_path(key: dict) -> Path:
-    from .models import pacer_home
-
-    return pacer_home() / "calibration" / f"{_key_hash(key)[:20]}.json"
 
 
 def _timed(cm, tokens: list[int], base: int, keep: int = 1, tree=None) -> float:
@@ -375,45 +242,21 @@ def conservative(decoder, c1: float | None = None) -> Calibration:
     return Calibration(Costs(c1 / 3, {1: c1, 2: 2 * c1}), source="conservative")
 
 
-_READ_ERRORS = (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError)
-
-
-def _read_payload(key: dict) -> tuple[dict | None, str]:
-    """The verified payload cached for ``key``, or ``(None, why)`` (``why`` empty when there is no file)."""
-    path = cache_path(key)
-    if not path.exists():
-        return None, ""
-    try:
-        doc = json.loads(path.read_text())
-        if doc.get("format") != FORMAT or doc.get("key") != key:
-            return None, f"calibration cache {path} was made for another machine or pair"
-        if doc.get("sha256") != _checksum(doc["payload"]):
-            return None, f"calibration cache {path} is damaged (checksum mismatch)"
-        return doc["payload"], ""
-    except _READ_ERRORS as e:
-        return None, f"calibration cache {path} cannot be read ({type(e).__name__})"
-
-
-def _write_payload(key: dict, payload: dict) -> Path:
-    """Cache ``payload`` for ``key`` (atomically, with its checksum)."""
-    from .io import atomic_write_text
-
-    path = cache_path(key)
-    doc = {"format": FORMAT, "key": key, "payload": payload, "sha256": _checksum(payload)}
-    atomic_write_text(path, json.dumps(doc, indent=1) + "\n")
-    return path
+def cache_path(key: dict) -> Path:
+    """The file the calibration for ``key`` is cached in."""
+    return STORE.path(key)
 
 
 def load(key: dict) -> tuple[Calibration | None, str]:
     """The cached calibration for ``key``, or ``(None, why)``."""
-    p, why = _read_payload(key)
+    p, why = STORE.get(key)
     if p is None:
         return None, why
     try:
         cal = Calibration(Costs.from_dict(p["costs"]), float(p["prefill"]), key, "cache",
                           noisy=bool(p.get("noisy", False)), seconds=float(p.get("seconds", 0)),
                           measured=list(p.get("measured", [])))
-    except _READ_ERRORS as e:
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         return None, f"calibration cache {cache_path(key)} cannot be read ({type(e).__name__})"
     bad = cal.costs.problems() or ([] if math.isfinite(cal.prefill) and cal.prefill >= 0 else
                                    [f"target prefill is {cal.prefill}"])
@@ -423,7 +266,7 @@ def load(key: dict) -> tuple[Calibration | None, str]:
 
 
 def save(cal: Calibration) -> Path:
-    return _write_payload(cal.key, cal.payload())
+    return STORE.put(cal.key, cal.payload())
 
 
 def _stderr_progress(msg: str) -> None:

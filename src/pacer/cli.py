@@ -109,7 +109,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if ignored:
         raise PacerError(f"pacer demo decodes greedily on its own prompts and takes no {', '.join(ignored)}; "
                          f"use pacer generate for that")
-    from .calibration import describe_cpu
+    from .machine import describe_cpu
 
     dec = load_decoder(args)
     record = dec.pair.record
@@ -125,7 +125,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
           + (" (int8 weight-only: measured faster here; lossless, the draft only proposes)"
              if dec.draft_info.weights.startswith("int8") and args.quantize == "none" else ""))
     if args.dtype == "auto" and record.dtypes:
-        from .calibration import choose_dtype
+        from .machine import choose_dtype
 
         print(f"dtype: {dec.target_info.dtype_name} (--dtype auto: {choose_dtype(dec.device)[1]})")
     dec.generate("Hello", "ar", max_new_tokens=2)  # warm-up
@@ -195,8 +195,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """Re-measure this machine's forward costs for a pair, cache them, print the curve (and plot it); with
     ``--export FILE`` also measure and write this machine's cost profile (:mod:`pacer.profiles`)."""
-    from .calibration import describe_cpu
     from .io import check_out_file
+    from .machine import describe_cpu
 
     if args.plot and not args.plot.lower().endswith(".png"):
         raise PacerError(f"--plot takes a .png file name, got '{args.plot}'")

@@ -15,12 +15,12 @@ Lossless by construction, because only the *proposal* changes:
   and rejection sampling with ``min(1, p/q)`` and the residual ``norm(max(0, p - q))`` is exact for any ``q``.
 
 What it costs: a target token outside the rows ends that round's draft (``coverage`` below measures how often).
-The list is computed once per (draft model, size) and cached under ``$PACER_HOME/draft-vocab``.
+The list is computed once per (draft model, size) and cached under ``$PACER_HOME/draft-vocab`` (a
+:class:`pacer.cache.Store`; a list cached by an older pacer, without a checksum, is counted again).
 """
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -29,9 +29,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from . import backends
+from .cache import Store
 from .errors import PacerError
-from .io import atomic_write_text
-from .models import pacer_home
 
 if TYPE_CHECKING:
     from .pair import Pair
@@ -139,25 +138,26 @@ def load_or_build(decoder: Pair, size: int, home: Path | None = None,
     check_size(size, vocab)
     if decoder.tokenizer is None:
         raise PacerError("a reduced draft vocabulary needs a tokenizer to count token frequencies; this pair has none")
-    tag = "sharegpt" if texts is None else "custom"
-    path = (home or pacer_home()) / "draft-vocab" / f"{info.fingerprint[:16]}-{size}-{tag}.json"
-    if texts is None and path.exists():
-        try:
-            data = json.loads(path.read_text())
-            ids = data["ids"]
-            if len(ids) == size and all(0 <= i < vocab for i in ids):
-                return torch.tensor(ids, dtype=torch.long, device="cpu")
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # damaged: count again and overwrite
-    corpus = sharegpt_texts() if texts is None else list(texts)
+    if texts is not None:  # another corpus (tests): counted each time, never cached
+        return _count(decoder, size, vocab, list(texts))
+    store = Store("draft-vocab", "pacer-draft-vocab/1", home=home, name=_file_name)
+    key = {"draft": info.fingerprint, "size": size, "corpus": "sharegpt", "conversations": CORPUS_CONVERSATIONS}
+    cached, _ = store.get(key)
+    ids = cached.get("ids") if cached is not None else None
+    if isinstance(ids, list) and len(ids) == size and all(isinstance(i, int) and 0 <= i < vocab for i in ids):
+        return torch.tensor(ids, dtype=torch.long, device="cpu")
+    rows = _count(decoder, size, vocab, sharegpt_texts())  # missing or damaged: count again and overwrite
+    store.put(key, {"ids": rows.tolist()})
+    return rows
+
+
+def _file_name(key: dict) -> str:
+    return f"{key['draft'][:16]}-{key['size']}-{key['corpus']}"
+
+
+def _count(decoder, size: int, vocab: int, corpus: list[str]) -> torch.Tensor:
     ids = frequent_ids(decoder.tokenizer, size, corpus, special_ids(decoder.tokenizer, decoder.eos), vocab)
-    ids = [i for i in ids if i < vocab][:size]
-    if texts is None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps({"size": size, "corpus": f"ShareGPT, {CORPUS_CONVERSATIONS} "
-                                            f"conversations, all turns", "draft": info.fingerprint,
-                                            "ids": ids}) + "\n")
-    return torch.tensor(ids, dtype=torch.long, device="cpu")
+    return torch.tensor([i for i in ids if i < vocab][:size], dtype=torch.long, device="cpu")
 
 
 def coverage(rows: torch.Tensor, token_ids: Iterable[int]) -> float:

@@ -515,7 +515,7 @@ def write_profiles(doc: dict, folder: Path) -> list[Path]:
     the check's context, the draft's token cost (full head) and prefill per token estimated from its curve. The pair
     is a random-weight shape, not a real model: ``pacer bench --costs`` refuses it for a real pair (its fingerprint
     names the shape), it is for the simulation and for reading the curve (``docs/bench/gpu/``)."""
-    from .calibration import cpu_identity, describe_cpu
+    from .machine import cpu_identity, describe_cpu
     from .profiles import Profile
 
     folder.mkdir(parents=True, exist_ok=True)

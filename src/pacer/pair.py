@@ -6,7 +6,7 @@ learned policies, the method factories), never the :class:`pacer.Decoder`.
 first registered backend that runs the models, the device and the settings, :func:`pacer.backends.resolve`), that
 the backend runs every model spec and is installed, that it takes the settings (int8, a reduced draft vocabulary),
 the device (:func:`pacer.devices.check_device`) and the threads. ``load()`` then measures what ``auto`` leaves to
-this machine (the transformers weights' dtype, :func:`pacer.calibration.choose_dtype`), loads the models with the
+this machine (the transformers weights' dtype, :func:`pacer.machine.choose_dtype`), loads the models with the
 backend's loader and returns the :class:`Pair`.
 """
 
@@ -139,7 +139,7 @@ class LoadSpec:
         dtype = spec.dtype
         record = spec.record
         if dtype == "auto":  # the weights' dtype, measured on this machine where the backend has a choice
-            from .calibration import choose_dtype
+            from .machine import choose_dtype
 
             dtype = choose_dtype(spec.device, progress=spec.progress)[0] if record.dtypes else "bfloat16"
         t = models.load_model(spec.target, dtype, progress=spec.progress, backend=spec.backend)

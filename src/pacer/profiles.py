@@ -247,7 +247,7 @@ class Profile:
         """The profile of a :class:`pacer.calibration.Calibration` (one context; ``c_d`` only)."""
         key = cal.key or {}
         ctx = int(key.get("context", 32))
-        from .calibration import describe_cpu
+        from .machine import describe_cpu
 
         cpu = key.get("cpu")
         return cls(name, {"cpu": cpu, "describe": describe_cpu(cpu) if cpu else "?", "threads": key.get("threads"),
@@ -288,8 +288,9 @@ def measure(pair: Pair, rows: torch.Tensor | None = None, contexts: Sequence[int
     import torch
 
     from . import devices
-    from .calibration import _timed, cpu_identity, describe_cpu
+    from .calibration import _timed
     from .decoding.backend import Tree
+    from .machine import cpu_identity, describe_cpu
 
     target = pair.target
     limit = target.context - max(TARGET_KS) - 2

@@ -367,7 +367,7 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
     import torch
     import transformers
 
-    from ..calibration import cpu_identity, describe_cpu
+    from ..machine import cpu_identity, describe_cpu
     from .runner import Bench, warm_up
 
     # the code this process runs is what was on disk when it started: read the commit before the (long) loading
