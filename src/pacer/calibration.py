@@ -40,11 +40,9 @@ from pathlib import Path
 import torch
 
 from . import devices
-from .cache import Store
 from .costs import Costs
-from .machine import cpu_identity
+from .machine import FORMAT, STORE, cpu_identity
 
-FORMAT = "pacer-calibration/3"  # 2: the draft's prefill cost per token; 3: the draft's curve c_d(k)
 #: the draft forwards measured besides one token: a phrase check over k new tokens (Ouroboros)
 DRAFT_KS = (2, 4, 8)
 CONTEXT = 32
@@ -52,9 +50,8 @@ REPS = 3
 NOISY = 1.5
 #: a curve is treated as growing like ``k`` (and extrapolated) once ``c_t(4) >= LINEAR * c_t(1)``
 LINEAR = 2.5
-#: the cached calibrations, and the machine measurements kept with them (:func:`choose_draft_quant`,
-#: :func:`pacer.machine.choose_dtype`); a file of an older ``FORMAT`` is measured again
-STORE = Store("calibration", FORMAT, "calibration cache")
+#: ``FORMAT`` and ``STORE``, the cached calibrations and the machine choices kept with them, are
+#: :mod:`pacer.machine`'s (where the dtype choice is measured too)
 
 
 # ---------------------------------------------------------------------------------------------- calibration
@@ -99,9 +96,9 @@ def backend_version(loaded) -> str:
     return backends.of(loaded).version()
 
 
-def calibration_key(decoder, rows: torch.Tensor | None) -> dict:
+def calibration_key(pair, rows: torch.Tensor | None) -> dict:
     """Everything a calibration depends on (see the module docstring)."""
-    t, d = decoder.target_info, decoder.draft_info
+    t, d = pair.target_info, pair.draft_info
     key = {
         "format": FORMAT,
         "target": t.fingerprint, "target_dtype": t.weights,
@@ -113,8 +110,8 @@ def calibration_key(decoder, rows: torch.Tensor | None) -> dict:
         "torch": torch.__version__,
         "context": CONTEXT,
     }
-    if decoder.target.device.type != "cpu":  # (CPU keys stay as they were: their caches stay valid)
-        key["device"] = devices.describe(decoder.target.device)
+    if pair.target.device.type != "cpu":  # (CPU keys stay as they were: their caches stay valid)
+        key["device"] = devices.describe(pair.target.device)
     return key
 
 
@@ -173,16 +170,16 @@ def _point(cm, tokens: list[int], base: int, reps: int) -> tuple[float, float, b
     return statistics.median(times), max(times), max(times) > NOISY * min(times)
 
 
-def measure(decoder, rows: torch.Tensor | None, max_draft: int = 16, reps: int = REPS,
+def measure(pair, rows: torch.Tensor | None, max_draft: int = 16, reps: int = REPS,
             progress: Callable[[str], None] | None = None) -> Calibration:
     """Measure ``c_t(k)`` for ``k`` in 1..``max_draft + 1`` (sparse, extrapolated once the curve grows like
-    ``k``), ``c_d`` and the prefill cost on ``decoder``'s models (see the module docstring)."""
+    ``k``), ``c_d`` and the prefill cost on the pair's models (see the module docstring)."""
     say = progress or (lambda s: None)
     start = time.perf_counter()
-    ctx = [(1000 + 7 * i) % max(2, decoder.vocab - 1) for i in range(CONTEXT)]
-    ctx = ctx[: max(1, min(CONTEXT, decoder.target.context - max_draft - 2))]
+    ctx = [(1000 + 7 * i) % max(2, pair.vocab - 1) for i in range(CONTEXT)]
+    ctx = ctx[: max(1, min(CONTEXT, pair.target.context - max_draft - 2))]
     ks = sorted(k for k in {1, 2, 3, 4, 6, 8, 12, max_draft + 1} if k <= max_draft + 1)
-    target = decoder.target
+    target = pair.target
     target.reset()
     noisy = False
     with torch.inference_mode():
@@ -206,9 +203,9 @@ def measure(decoder, rows: torch.Tensor | None, max_draft: int = 16, reps: int =
                 med[k], worst[k], bad = _point(target, ctx[:k], len(ctx), reps)
         draft = dworst = draft_prefill = 0.0
         dcurve: dict[int, float] = {}
-        if decoder.draft_info is not None:
+        if pair.draft_info is not None:
             say("draft, 1 token")
-            dm = decoder.draft_backend(rows)
+            dm = pair.draft_backend(rows)
             dm.forward(ctx, keep=1)  # warm-up, then the prefill per token (the draft's catch-up cost)
             dm.reset()
             devices.synchronize(dm.device)
@@ -236,7 +233,7 @@ def measure(decoder, rows: torch.Tensor | None, max_draft: int = 16, reps: int =
     return cal
 
 
-def conservative(decoder, c1: float | None = None) -> Calibration:
+def conservative(pair, c1: float | None = None) -> Calibration:
     """Costs under which no draft pays (``c_t(k) = k · c_t(1)``): plain-decoding speed, never below."""
     c1 = c1 or 1.0
     return Calibration(Costs(c1 / 3, {1: c1, 2: 2 * c1}), source="conservative")
@@ -278,11 +275,11 @@ def _stderr_progress(msg: str) -> None:
     sys.stderr.flush()
 
 
-def load_or_measure(decoder, rows: torch.Tensor | None, max_draft: int = 16, refresh: bool = False,
+def load_or_measure(pair, rows: torch.Tensor | None, max_draft: int = 16, refresh: bool = False,
                     progress: bool = True) -> Calibration:
-    """The calibration for ``decoder`` with draft vocabulary ``rows``: cached, else measured and cached; an
+    """The calibration for ``pair`` with draft vocabulary ``rows``: cached, else measured and cached; an
     interrupted measurement gives :func:`conservative` costs. Notes go to ``Calibration.notes``."""
-    key = calibration_key(decoder, rows)
+    key = calibration_key(pair, rows)
     notes: list[str] = []
     if not refresh:
         cal, why = load(key)
@@ -291,11 +288,11 @@ def load_or_measure(decoder, rows: torch.Tensor | None, max_draft: int = 16, ref
         if why:
             notes.append(f"{why}; re-measuring")
     try:
-        cal = measure(decoder, rows, max_draft, progress=_stderr_progress if progress else None)
+        cal = measure(pair, rows, max_draft, progress=_stderr_progress if progress else None)
     except KeyboardInterrupt:
         if progress and sys.stderr.isatty():
             sys.stderr.write("\n")
-        cal = conservative(decoder)
+        cal = conservative(pair)
         cal.key = key
         cal.notes = [*notes, "calibration interrupted: decoding conservatively (every round a plain decoding "
                              "step); run `pacer calibrate` to measure"]

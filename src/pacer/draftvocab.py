@@ -95,11 +95,11 @@ AUTO_SIZE = 32768
 AUTO_MIN_VOCAB = 4 * AUTO_SIZE
 
 
-def auto_size(decoder: Pair) -> int:
+def auto_size(pair: Pair) -> int:
     """What ``--draft-vocab auto`` means for a loaded pair's draft: :data:`AUTO_SIZE`, or 0 (the full vocabulary) for
     a draft vocabulary under :data:`AUTO_MIN_VOCAB` tokens or a pair without a tokenizer."""
-    info = decoder.draft_info
-    if info is None or decoder.tokenizer is None or not backends.of(info).reduced_head:
+    info = pair.draft_info
+    if info is None or pair.tokenizer is None or not backends.of(info).reduced_head:
         return 0
     return AUTO_SIZE if info.vocab_size >= AUTO_MIN_VOCAB else 0
 
@@ -124,11 +124,11 @@ def check_size(size: int, vocab: int) -> None:
                          f"(the draft's vocabulary has {vocab} tokens), got {size}")
 
 
-def load_or_build(decoder: Pair, size: int, home: Path | None = None,
+def load_or_build(pair: Pair, size: int, home: Path | None = None,
                   texts: Iterable[str] | None = None) -> torch.Tensor:
     """The kept rows for a loaded pair's draft at ``size`` (a sorted ``[size]`` long tensor), from the cache or counted
     now from the held-out corpus (``texts``: another corpus, for tests) and cached atomically."""
-    info = decoder.draft_info
+    info = pair.draft_info
     if info is None:
         raise PacerError("a reduced draft vocabulary needs a draft model")
     if not backends.of(info).reduced_head:
@@ -136,17 +136,17 @@ def load_or_build(decoder: Pair, size: int, home: Path | None = None,
                          f"--backend transformers)")
     vocab = info.vocab_size
     check_size(size, vocab)
-    if decoder.tokenizer is None:
+    if pair.tokenizer is None:
         raise PacerError("a reduced draft vocabulary needs a tokenizer to count token frequencies; this pair has none")
     if texts is not None:  # another corpus (tests): counted each time, never cached
-        return _count(decoder, size, vocab, list(texts))
+        return _count(pair, size, vocab, list(texts))
     store = Store("draft-vocab", "pacer-draft-vocab/1", home=home, name=_file_name)
     key = {"draft": info.fingerprint, "size": size, "corpus": "sharegpt", "conversations": CORPUS_CONVERSATIONS}
     cached, _ = store.get(key)
     ids = cached.get("ids") if cached is not None else None
     if isinstance(ids, list) and len(ids) == size and all(isinstance(i, int) and 0 <= i < vocab for i in ids):
         return torch.tensor(ids, dtype=torch.long, device="cpu")
-    rows = _count(decoder, size, vocab, sharegpt_texts())  # missing or damaged: count again and overwrite
+    rows = _count(pair, size, vocab, sharegpt_texts())  # missing or damaged: count again and overwrite
     store.put(key, {"ids": rows.tolist()})
     return rows
 
@@ -155,8 +155,8 @@ def _file_name(key: dict) -> str:
     return f"{key['draft'][:16]}-{key['size']}-{key['corpus']}"
 
 
-def _count(decoder, size: int, vocab: int, corpus: list[str]) -> torch.Tensor:
-    ids = frequent_ids(decoder.tokenizer, size, corpus, special_ids(decoder.tokenizer, decoder.eos), vocab)
+def _count(pair, size: int, vocab: int, corpus: list[str]) -> torch.Tensor:
+    ids = frequent_ids(pair.tokenizer, size, corpus, special_ids(pair.tokenizer, pair.eos), vocab)
     return torch.tensor([i for i in ids if i < vocab][:size], dtype=torch.long, device="cpu")
 
 

@@ -1,6 +1,6 @@
 """The machine pacer runs on: the CPU as its matrix kernels see it (:func:`cpu_identity`, part of every calibration
 key) and the weights dtype ``--dtype auto`` loads the transformers backend's models in (:func:`choose_dtype`, timed
-once per machine and cached with the calibrations, :data:`pacer.calibration.STORE`).
+once per machine and cached with the calibrations, :data:`STORE`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,15 @@ import time
 from pathlib import Path
 
 import torch
+
+from .cache import Store
+
+#: the format of a cached calibration or machine choice (2: the draft's prefill cost per token; 3: the draft's
+#: curve c_d(k)); a file of an older format is measured again
+FORMAT = "pacer-calibration/3"
+#: the cached calibrations (:mod:`pacer.calibration`) and the machine measurements kept with them
+#: (:func:`pacer.calibration.choose_draft_quant`, :func:`choose_dtype`)
+STORE = Store("calibration", FORMAT, "calibration cache")
 
 #: the ISA flags that decide which GEMM kernels run (x86 and ARM)
 ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8",
@@ -97,8 +106,6 @@ def choose_dtype(device: torch.device | str = "cpu", reps: int = 5, progress: bo
     if dev.type == "cuda":  # native bf16 from Ampere (compute capability 8) on; older GPUs only emulate it
         ok = torch.cuda.get_device_capability(dev)[0] >= 8
         return ("bfloat16", "a CUDA GPU with native bf16") if ok else ("float16", "a CUDA GPU without native bf16")
-    from .calibration import FORMAT, STORE
-
     key = {"format": FORMAT, "what": "dtype", "dtypes": list(CPU_DTYPES), "margin": DTYPE_MARGIN,
            "shape": list(DTYPE_SHAPE), "copies": DTYPE_COPIES, "prompt": DTYPE_PROMPT, "chunk": DTYPE_CHUNK,
            "new": DTYPE_NEW, "threads": torch.get_num_threads(), "cpu": cpu_identity(), "torch": torch.__version__}
