@@ -263,8 +263,6 @@ def load_policy(pair: Pair, kind: str, bounds: dict, opts: dict) -> DraftPolicy:
         raise PacerError(f"no shipped {kind} checkpoint for the {backend} backend; pass a checkpoint folder as the "
                          f"option path (--preverifier)")
     pol = make_learned_policy(kind, path, pair.draft_info.fingerprint, {**bounds}, opts, pair.draft_info)
-    if thr is not None and not 0.0 <= thr <= 1.0:
-        raise PacerError(f"threshold must be in [0, 1], got {thr}")
     if thr is not None or "threshold" in given:
         pol.threshold = None if thr is None else float(thr)
     return pol
