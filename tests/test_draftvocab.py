@@ -57,6 +57,34 @@ def test_drafter_never_proposes_outside_the_rows(close):
     assert all(0 < p <= 1 for p in d.state.prob)
 
 
+@pytest.mark.parametrize("phrases", [False, True])
+def test_greedy_features_over_the_scored_ids_equal_the_full_rows(close, phrases):
+    """A greedy drafter reads only the ids a reduced head scores (every other probability is 0): its tokens and
+    features (probability, top two, entropy) equal those computed over the whole vocabulary row."""
+    from pacer.decoding.drafter import token_features
+    from pacer.drafters.phrase import PhraseDrafter
+    from pacer.policies.base import DraftState
+
+    rows = torch.tensor(HALF)
+    make = (lambda b: PhraseDrafter(b, close.vocab, warm_start=False)) if phrases else (
+        lambda b: TokenDrafter(b, close.vocab))
+    drafter = make(TransformersBackend(close.draft_info.model, rows))
+    ids = close.encode("The 3 quick brown foxes jump over the 3 quick brown")
+    drafter.reset()
+    d = drafter.propose(ids, FixedPolicy(gamma=10), 10, SamplingConfig(), torch.Generator())
+    assert drafter.scored_ids() is not None and len(d.tokens) == 10
+    # the same tokens drafted one by one, features over the full row
+    ref = TransformersBackend(close.draft_info.model, rows)
+    full, pending = DraftState(), ids
+    for x in d.tokens:
+        q = torch.softmax(ref.forward(pending, keep=1)[0][-1, : close.vocab], -1)
+        assert int(q.argmax()) == x
+        token_features(q, x, full)
+        pending = [x]
+    for name in ("prob", "top_prob", "second_prob", "entropy"):
+        assert getattr(d.state, name) == pytest.approx(getattr(full, name), rel=1e-4, abs=1e-6), name
+
+
 @pytest.mark.parametrize("method", ["sd", "entropy", "heuristic", "oracle", "ouroboros"])
 def test_greedy_output_identical_with_a_reduced_draft_vocab(pairs, method):
     for kind in ("close", "same"):

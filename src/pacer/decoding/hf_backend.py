@@ -62,6 +62,7 @@ class TransformersBackend(ModelBackend):
         self._kept[self.rows] = True
         self._extra: torch.Tensor | None = None
         self._extra_dev: torch.Tensor | None = None
+        self._scored: tuple[int, torch.Tensor] | None = None
 
     def add_rows(self, ids: Sequence[int]) -> None:
         """Also score ``ids`` (e.g. the prompt's tokens, which a continuation often repeats) until :meth:`reset`."""
@@ -80,7 +81,11 @@ class TransformersBackend(ModelBackend):
     def scored_rows(self) -> torch.Tensor | None:
         if self.rows is None:
             return None
-        return self.rows if self._extra is None else torch.cat([self.rows, self._extra]).sort().values
+        key = 0 if self._extra is None else len(self._extra)
+        if self._scored is None or self._scored[0] != key:  # made once per prompt, not once per drafted token
+            ids = self.rows if self._extra is None else torch.cat([self.rows, self._extra]).sort().values
+            self._scored = (key, ids)
+        return self._scored[1]
 
     # ------------------------------------------------------------------------------------------ interface
     def reset(self) -> None:

@@ -377,9 +377,11 @@ class PhraseDrafter(TokenDrafter):
             start = self.backend.length + len(pending)  # cache length once pending is in
             logits, hidden = self.backend.forward(pending + phrase, hidden=p.layers is not None, keep=len(phrase) + 1)
             p.forwards += 1
-            rows = logits  # row j predicts the token after phrase[:j]
-            q = torch.softmax(self.align(rows), -1)
-            guess = q.argmax(-1).tolist()
+            # row j predicts the token after phrase[:j]; greedy over the scored ids alone (TokenDrafter.scored_ids)
+            ids = self.scored_ids()
+            q = torch.softmax((logits[:, ids] if ids is not None else self.align(logits)).float(), -1)
+            at = q.argmax(-1).tolist()
+            guess = at if ids is None else ids[at].tolist()
             k = 0
             while k < len(phrase) and phrase[k] == guess[k]:
                 k += 1
@@ -390,7 +392,7 @@ class PhraseDrafter(TokenDrafter):
             for j, x in enumerate(new):
                 if j and not p.ask(free=True):
                     break
-                p.add(q[j], x, hidden, len(pending) - 1 + j, phrase=j < k)
+                p.add(q[j], x, hidden, len(pending) - 1 + j, phrase=j < k, index=at[j] if ids is not None else None)
                 kept += 1
             self.backend.crop(start + min(kept, k))  # keep only kept phrase tokens in the cache
             if phrase:

@@ -34,11 +34,28 @@ class TokenDrafter(Drafter):
         while p.ask():
             logits, hidden = self.backend.forward(pending, hidden=p.layers is not None, keep=1)
             p.forwards += 1
-            q = warp(self.align(logits[-1]), sampling)
-            x = pick(q, sampling, gen)
-            p.add(q, x, hidden, -1, keep_q=not sampling.greedy)
+            ids = self.scored_ids() if sampling.greedy else None  # after the forward: a prompt adds its ids
+            if ids is not None:  # greedy over the scored ids alone (see scored_ids)
+                q = torch.softmax(logits[-1, ids].float(), -1)
+                i = int(q.argmax())
+                x = int(ids[i])
+                p.add(q, x, hidden, -1, index=i)
+            else:
+                q = warp(self.align(logits[-1]), sampling)
+                x = pick(q, sampling, gen)
+                p.add(q, x, hidden, -1, keep_q=not sampling.greedy)
             pending = [x]
         return p.draft()
+
+    def scored_ids(self) -> torch.Tensor | None:
+        """The vocabulary ids a reduced draft head scores now (within the target's vocabulary), or ``None`` for
+        the full one. Every other id has probability 0, so a greedy pick and its features (probability, top two,
+        entropy) over these alone equal the full row's, at a fraction of the work: 32,768 of 151,936 ids on the
+        default pair (the softmax, log and top-2 of a full row cost about 1 ms a drafted token on a 2-core CPU)."""
+        ids = self.backend.scored_rows()
+        if ids is None:
+            return None
+        return ids[ids < self.vocab] if int(ids[-1]) >= self.vocab else ids
 
     def rollback(self, keep: int) -> None:
         self.backend.crop(keep)
