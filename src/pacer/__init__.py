@@ -5,7 +5,10 @@ from .api import Decoder, generate
 from .decoding import GenerationResult
 from .decoding.stats import GenerationStats
 from .errors import PacerError
+from .pair import LoadSpec
+from .request import MethodRequest
 from .sampling import SamplingConfig
 
 __version__ = "0.1.0"
-__all__ = ["methods", "Decoder", "GenerationResult", "GenerationStats", "PacerError", "SamplingConfig", "generate"]
+__all__ = ["methods", "Decoder", "GenerationResult", "GenerationStats", "LoadSpec", "MethodRequest", "PacerError",
+           "SamplingConfig", "generate"]

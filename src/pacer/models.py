@@ -202,7 +202,7 @@ def load_hf(spec: str, dtype: str = "bfloat16", home: Path | None = None, progre
     later loads take seconds; a model folder is read as it is."""
     if dtype not in DTYPES:
         raise PacerError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)} (Decoder.from_pretrained also "
-                         f"takes auto: pacer.calibration.choose_dtype)")
+                         f"takes auto: pacer.machine.choose_dtype)")
     torch_dtype = DTYPES[dtype]
     home = home or pacer_home()
     if spec in DEFAULT_NAMES:
