@@ -594,3 +594,33 @@ def test_quick_profile_clock(tmp_path, capsys):
                  "--costs", str(tmp_path / "other.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "another target model" in err[-1] and "Traceback" not in "\n".join(err)
+
+
+def test_rule_thresholds_chosen_on_validation_prompts(tmp_path):
+    """`rule:threshold=validation` runs the threshold a checkpoint recorded for that rule (chosen on its
+    collection's validation prompts), labelled as such; a rule or checkpoint without one is refused."""
+    from pacer.bench.methods import validation_thresholds
+
+    chosen = {"entropy": {"threshold": 2.5, "chosen": "the validation split", "checkpoint": "c"},
+              "cumprob": {"threshold": 0.3, "chosen": "the validation split", "checkpoint": "c"}}
+    specs = parse_methods("entropy:threshold=validation,cumprob:threshold=validation,entropy:threshold=1.5",
+                          lambda: chosen)
+    assert [s.label for s in specs] == ["ar", "entropy:threshold=validation", "cumprob:threshold=validation",
+                                        "entropy:threshold=1.5"]
+    req = specs[1].request()
+    assert req.policy_options == {"threshold": 2.5} and not req.aware  # a literal rule: the cost rule stays off
+    assert specs[2].request().policy_options == {"threshold": 0.3}
+    with pytest.raises(PacerError, match="no validation threshold for confidence"):
+        parse_methods("confidence:threshold=validation", lambda: chosen)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"threshold": 0.5}))
+    with pytest.raises(PacerError, match="records no rule thresholds"):
+        validation_thresholds(ckpt)
+    (ckpt / "config.json").write_text(json.dumps({"rules": {"entropy": chosen["entropy"]}}))
+    assert validation_thresholds(ckpt)["entropy"]["threshold"] == 2.5
+    out = tmp_path / "bench"
+    assert main(["bench", "--quick", "--n", "1", "--max-new-tokens", "6", "--no-progress", "--out", str(out),
+                 "--methods", "ar,entropy:threshold=validation", "--validation", str(ckpt)]) == 0
+    report = (out / "report.md").read_text()
+    assert "threshold of `entropy:threshold=validation`: θ = 2.5 from" in report and "the validation split" in report

@@ -398,3 +398,61 @@ def test_damaged_manifests_and_features_that_do_not_fit_are_one_line_errors(tmp_
     small.model.config.hidden_size = 32
     with pytest.raises(PacerError, match="do not fit this draft"):
         load_checkpoint(tmp_path / "ckpt", None, small)
+
+
+def test_train_records_the_rules_thresholds_chosen_on_validation_prompts(tmp_path):
+    """The fair protocol: every training-free rule (confidence, entropy, cumprob) gets the threshold of highest
+    predicted speedup on the validation split under the checkpoint's costs - as the layer does - recorded with how it
+    was chosen; no rule beats the oracle there, and the layer is compared with each."""
+    data = synthetic_collection(tmp_path / "data", rounds=300)
+    cfg = train(data, tmp_path / "ckpt", "pacer", block=1, epochs=3, seed=0, d=16, log=None, check_seconds=1e-4)
+    rules = cfg["rules"]
+    assert set(rules) == {"confidence", "entropy", "cumprob"}
+    measured = cfg["validation"]["compare"]["measured"]
+    for rule, r in rules.items():
+        assert r["threshold"] == measured[rule]["threshold"] and "validation split" in r["chosen"]
+        assert r["predicted_speedup"] <= measured["oracle"]["predicted_speedup"] + 1e-9
+        assert f"vs_{rule}" in measured
+    saved = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    assert saved["rules"] == rules
+
+
+def test_train_takes_a_cost_profile_for_its_thresholds(tmp_path):
+    from pacer.preverify.cli import read_costs
+    from pacer.profiles import Profile
+
+    shipped = Path(__file__).resolve().parents[1] / "docs" / "profiles" / "zen4-avx512bf16-transformers-bf16.json"
+    costs = read_costs(str(shipped))
+    assert costs.target_cost(1) == pytest.approx(Profile.load(shipped).costs().target_cost(1))
+    plain = tmp_path / "costs.json"
+    plain.write_text(json.dumps(COSTS.to_dict()))
+    assert read_costs(str(plain)).to_dict() == COSTS.to_dict()
+
+
+def test_offline_rule_lengths_are_the_live_policies_lengths():
+    """The thresholds `pacer train` records are chosen offline (``rule_lengths`` over the recorded scalars); they
+    mean what the live policies do with them only if the offline stop is theirs: for every rule (``cumprob`` on the
+    running product of ``q(d_i)``) and threshold, the same length per round as the policy drafting token by token."""
+    from pacer.policies import ConfidencePolicy, CumProbPolicy, DraftState, EntropyPolicy
+    from pacer.preverify.validation import RULES, rule_lengths, rule_values
+
+    rng = np.random.default_rng(0)
+    R, M = 40, 6
+    names = ["prob", "top_prob", "entropy"]
+    scalars = np.stack([rng.uniform(0.2, 1, (R, M)), rng.uniform(0.3, 1, (R, M)), rng.uniform(0, 3, (R, M))], -1)
+    m = rng.integers(1, M + 1, R)
+    for rule in RULES:
+        v = rule_values(rule, scalars, names)
+        for thr in np.quantile(v, [0.2, 0.5, 0.8]):
+            offline = rule_lengths(v, m, float(thr), RULES[rule][1])
+            live = {"confidence": ConfidencePolicy, "entropy": EntropyPolicy, "cumprob": CumProbPolicy}[rule]
+            pol = live(threshold=float(thr), min_draft=1, max_draft=M)
+            for r in range(R):
+                st, n = DraftState(), 0
+                while n < m[r] and pol.should_continue(st):
+                    st.tokens.append(1)
+                    st.prob.append(float(scalars[r, n, 0]))
+                    st.top_prob.append(float(scalars[r, n, 1]))
+                    st.entropy.append(float(scalars[r, n, 2]))
+                    n += 1
+                assert n == offline[r], (rule, thr, r)

@@ -75,6 +75,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the wall clock")
     p.add_argument("--own-profile", type=Path, default=None, metavar="PROFILE.json",
                    help="this machine's own profile for the validation clock (default: its calibration)")
+    p.add_argument("--validation", type=Path, default=None, metavar="CKPT",
+                   help="the checkpoint whose recorded rule thresholds `rule:threshold=validation` runs (chosen by "
+                        "pacer train on its collection's validation prompts under its costs, never on benchmark "
+                        "questions); default: the shipped pacer checkpoint of the backend")
     p.add_argument("--no-anchor", dest="anchor", action="store_false",
                    help="do not run llama.cpp's plain decoding of a GGUF target beside a transformers-backend run")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
@@ -257,7 +261,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         check_model_args(args)
     methods_text = args.methods or backends.get(args.backend).bench_methods or DEFAULT_METHODS
-    specs = parse_methods(methods_text)  # errors before anything is loaded or written
+    chosen: dict[str, dict] = {}
+
+    def validation() -> dict[str, dict]:
+        from ..policies.learned import default_checkpoint
+        from .methods import validation_thresholds
+
+        if not chosen:
+            chosen.update(validation_thresholds(args.validation or default_checkpoint("pacer", args.backend)))
+        return chosen
+
+    specs = parse_methods(methods_text, validation)  # errors before anything is loaded or written
+    args.threshold_notes = [f"`{s.label}`: θ = {chosen[s.name]['threshold']:g} from {chosen[s.name]['checkpoint']}, "
+                       f"chosen by {chosen[s.name]['chosen']}" for s in specs if "threshold=validation" in s.label]
     greedy_only = [s.label for s in specs if s.greedy_only]
     if args.temperature > 0 and greedy_only:
         raise PacerError(f"--temperature {args.temperature}: {', '.join(greedy_only)} decode(s) greedily only (the "
@@ -456,6 +472,8 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
         "cpu": describe_cpu(),
         "cpu_identity": cpu_identity(),
     }
+    if getattr(args, "threshold_notes", None):
+        meta["thresholds"] = args.threshold_notes
     if dec.draft_info is not None:
         meta["calibration"] = dec.calibration(dec.draft_rows(dec.draft_vocab)).to_dict()
     clocks = {}

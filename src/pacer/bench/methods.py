@@ -14,7 +14,10 @@ takes ``schedule``, ``tokens`` and ``threshold``.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .. import methods
 from ..errors import PacerError
@@ -111,8 +114,28 @@ def _check(name: str, opts: list[tuple[str, object]], raw: str) -> None:
         raise PacerError(str(e) if f"method '{name}'" in str(e) else f"method '{raw}': {e}") from None
 
 
-def parse_methods(text: str) -> list[MethodSpec]:
-    """Parse ``--methods``: comma-separated ``name:key=val:...``; ``ar`` goes first (added if missing)."""
+#: ``rule:threshold=validation``: the rule's threshold chosen on a checkpoint's validation prompts (``--validation``)
+VALIDATION = "validation"
+
+
+def validation_thresholds(ckpt: Path) -> dict[str, dict]:
+    """The training-free rules' thresholds a checkpoint records (``pacer train``: chosen on its collection's
+    validation prompts under its costs, :func:`pacer.preverify.train.rule_thresholds`), each with how it was
+    chosen; a checkpoint without them is a one-line error."""
+    try:
+        cfg = json.loads((Path(ckpt) / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise PacerError(f"--validation: cannot read {ckpt}/config.json ({e})") from None
+    rules = cfg.get("rules") if isinstance(cfg, dict) else None
+    if not isinstance(rules, dict) or not rules:
+        raise PacerError(f"--validation: {ckpt} records no rule thresholds (a checkpoint trained before pacer train "
+                         f"chose them); train one with this pacer and pass it as --validation CKPT")
+    return {k: {**v, "checkpoint": str(ckpt)} for k, v in rules.items()}
+
+
+def parse_methods(text: str, validation: Callable[[], dict[str, dict]] | None = None) -> list[MethodSpec]:
+    """Parse ``--methods``: comma-separated ``name:key=val:...``; ``ar`` goes first (added if missing).
+    ``threshold=validation`` takes the rule's threshold from ``validation()`` (:func:`validation_thresholds`)."""
     specs: list[MethodSpec] = []
     for raw in (s.strip() for s in text.split(",")):
         if not raw:
@@ -132,13 +155,20 @@ def parse_methods(text: str) -> list[MethodSpec]:
                 if hi < lo:
                     raise PacerError(f"method '{raw}': empty range {v}")
                 values: list[object] = list(range(lo, hi + 1))
+            elif k == "threshold" and v == VALIDATION:
+                chosen = (validation or (lambda: {}))().get(name)
+                if chosen is None:
+                    raise PacerError(f"method '{raw}': no validation threshold for {name} (pass --validation CKPT "
+                                     f"with a checkpoint that records the rules' thresholds)")
+                values = [float(chosen["threshold"])]
             else:
                 o = _option(name, k) if name in methods.names() and methods.get(name).drafts else None
                 values = [o.parse(v) if o is not None and (o.type is str or o.parser) else parse_value(v)]
             variants = [[*base, (k, x)] for base in variants for x in values]
         for opts in variants:
             _check(name, opts, raw)
-            label = ":".join([name, *(f"{k}={v}" for k, v in opts)])
+            label = ":".join([name, *(f"{k}={VALIDATION if (k, raw_v) == ('threshold', VALIDATION) else v}"
+                                      for (k, v), (_, raw_v) in zip(opts, items, strict=False))])
             spec = MethodSpec(name, tuple(opts), label)
             if spec.label in {s.label for s in specs}:
                 raise PacerError(f"method '{label}' is listed twice in --methods")

@@ -128,6 +128,8 @@ def markdown(summary: dict, meta: dict) -> str:
                  f"where the pricing reproduces this machine's wall time)")
     if meta.get("kernel_note"):
         L.append(f"- **note**: {meta['kernel_note']}")
+    for note in meta.get("thresholds") or []:
+        L.append(f"- threshold of {note}")
     segs = meta.get("segments") or []
     if len(segs) > 1:
         L.append(f"- run in {len(segs)} segments (start, then `--resume`): " + "; ".join(

@@ -27,9 +27,16 @@ def _layers(text: str) -> tuple[int, ...]:
 
 
 def read_costs(path: str):
-    """The costs JSON written by ``pacer tune --measure-costs``; a bad file is a one-line error."""
+    """The costs JSON written by ``pacer tune --measure-costs``, or a cost profile (``pacer calibrate --export``,
+    ``docs/profiles/``: its costs at a short context), so that thresholds are chosen under the profile a benchmark
+    prices with; a bad file is a one-line error."""
     try:
-        return Costs.from_dict(json.loads(Path(path).read_text()))
+        doc = json.loads(Path(path).read_text())
+        if isinstance(doc, dict) and str(doc.get("format", "")).startswith("pacer-profile/"):
+            from ..profiles import Profile
+
+            return Profile.load(path).costs()
+        return Costs.from_dict(doc)
     except OSError as e:
         raise PacerError(f"cannot read costs file {path}: {e.strerror or e}") from e
     except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
@@ -143,14 +150,16 @@ def register(sub) -> None:
     t.add_argument("--d", type=int, default=64, help="width of the layer")
     t.add_argument("--layers", type=_layers, default=None, help="use only these recorded layers (ablation)")
     t.add_argument("--min-draft", type=int, default=1)
-    t.add_argument("--costs", default=None, help="costs JSON (pacer tune --measure-costs); default: manifest's")
+    t.add_argument("--costs", default=None, help="costs JSON (pacer tune --measure-costs) or a cost profile "
+                   "(pacer calibrate --export, docs/profiles/): the layer's and the rules' thresholds are chosen "
+                   "under these costs; default: the collection's measured ones")
     t.set_defaults(func=cmd_train)
 
     u = sub.add_parser("tune", help="measure this machine's forward costs; re-choose a checkpoint's threshold")
     u.add_argument("--measure-costs", default=None, metavar="FILE", help="measure and write costs JSON here")
     u.add_argument("--checkpoint", default=None)
     u.add_argument("--data", default=None)
-    u.add_argument("--costs", default=None)
+    u.add_argument("--costs", default=None, help="costs JSON or a cost profile (as pacer train --costs)")
     u.add_argument("--min-draft", type=int, default=None)
     u.add_argument("--held-out", action="store_true",
                    help="--data holds no prompt the checkpoint was trained on: tune on all of it (default: its "

@@ -35,6 +35,7 @@ from .collect import load_dataset
 from .features import FeatureSpec
 from .layer import PreVerifier, TokenHead, param_count
 from .validation import (
+    RULES,
     compare,
     ece,
     fit_features_only,
@@ -323,6 +324,18 @@ def evaluate(kind: str, model, val: Rounds, mu, sd, block: int, costs: Costs, mi
     return res
 
 
+def rule_thresholds(compared: dict, rounds: int, data: str) -> dict:
+    """The training-free rules' thresholds chosen by the fair protocol: each rule's threshold of highest predicted
+    speedup on the validation split (held-out collection prompts, never benchmark questions) under the checkpoint's
+    costs - as the layer's own threshold is chosen - with how it was chosen (``pacer bench`` runs them as
+    ``rule:threshold=validation`` and says so in its report)."""
+    how = (f"highest predicted speedup on the validation split of {data} ({rounds} rounds of held-out collection "
+           f"prompts, never benchmark questions) under the checkpoint's costs, as the layer's threshold")
+    return {rule: {"threshold": compared[rule]["threshold"], "predicted_speedup": compared[rule]["predicted_speedup"],
+                   "mean_draft": compared[rule]["mean_draft"], "chosen": how}
+            for rule in RULES if rule in compared}
+
+
 def save_checkpoint(out: Path, kind: str, model: nn.Module, mu, sd, config: dict) -> None:
     """``weights.safetensors`` + ``config.json``, each written atomically (config last: it marks completeness)."""
     out = Path(out)
@@ -403,6 +416,7 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
                   "prompts": int(manifest["prompts_done"])},
         "validation": {k: v for k, v in report.items() if k != "sweep"},
         "sweep": report["sweep"],
+        "rules": rule_thresholds(report["compare"]["measured"], len(va), str(data_dir)),
     }
     if out is not None:
         save_checkpoint(out, kind, model, mu, sd, cfg)

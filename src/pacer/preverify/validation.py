@@ -12,7 +12,10 @@ Terms (per validation round ``r``, drafted to ``m_r`` tokens while collecting):
 * ``oracle`` - per round the length maximising ``E[tokens | L] / cost(L)`` (greedy: drafting exactly to the first
   mismatch, or 0 when that does not pay): the limit of any length policy.
 * Rules (training-free, each at its best threshold for these rounds and costs, so they are not handicapped):
-  ``confidence`` stops after the first token with ``max q < θ``; ``entropy`` after the first with ``H(q) > θ``.
+  ``confidence`` stops after the first token with ``max q < θ``; ``entropy`` after the first with ``H(q) > θ``;
+  ``cumprob`` after the first where the product of the drafted tokens' ``q`` falls below ``θ``. These thresholds,
+  chosen on the validation split (held-out collection prompts, never benchmark questions), are what ``pacer train``
+  records in a checkpoint (``rules``) and ``pacer bench`` runs as ``entropy:threshold=validation``.
 * ``features-only`` - a logistic model of per-token acceptance on the layer's scalar inputs only (``q``, entropy,
   top-2 margin, position, history, temperature): what the rules' inputs can give when *learned*. The layer must beat
   it, or its hidden-state inputs earn nothing.
@@ -31,7 +34,10 @@ from torch import nn
 
 from ..costs import Costs
 
-RULES = {"confidence": ("top_prob", "below"), "entropy": ("entropy", "above")}
+#: rule -> (the scalar it reads, stop when the value is ``below``/``above`` θ, whether the value is the running
+#: product over the draft so far)
+RULES = {"confidence": ("top_prob", "below", False), "entropy": ("entropy", "above", False),
+         "cumprob": ("prob", "below", True)}
 
 
 def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
@@ -146,12 +152,23 @@ def profiles(costs: Costs, max_k: int) -> dict[str, Costs]:
     }
 
 
+def rule_values(rule: str, scalars: np.ndarray, scalar_names: list[str]) -> np.ndarray:
+    """``[R, M]``: the value ``rule`` compares with its threshold after each drafted token (``cumprob``: the running
+    product of ``q(d_i)``), as its live policy (:mod:`pacer.policies.rules`) reads it."""
+    feat, _, running = RULES[rule]
+    v = scalars[..., scalar_names.index(feat)]
+    return np.cumprod(v, 1) if running else v
+
+
 def rule_survival(scalars: np.ndarray, scalar_names: list[str]) -> dict[str, np.ndarray]:
     """Survival proxies of the training-free rules, ``[R, M]`` (only their order matters for AUC):
-    ``confidence`` - ``Π_{j<=i} max q_j``; ``entropy`` - ``exp(-Σ_{j<=i} H(q_j))``."""
+    ``confidence`` - ``Π_{j<=i} max q_j``; ``entropy`` - ``exp(-Σ_{j<=i} H(q_j))``; ``cumprob`` -
+    ``Π_{j<=i} q_j(d_j)``."""
     out = {}
     if "top_prob" in scalar_names:
         out["confidence"] = np.cumprod(scalars[..., scalar_names.index("top_prob")], 1)
+    if "prob" in scalar_names:
+        out["cumprob"] = np.cumprod(scalars[..., scalar_names.index("prob")], 1)
     if "entropy" in scalar_names:
         out["entropy"] = np.exp(-np.cumsum(scalars[..., scalar_names.index("entropy")], 1))
     return out
@@ -172,10 +189,10 @@ def compare(layer_lengths, csum: np.ndarray, m: np.ndarray, scalars: np.ndarray,
     L, checks = layer_lengths(costs)
     out = {"layer": {"predicted_speedup": round(predicted_speedup(L, csum, costs, checks), 4),
                      "mean_draft": round(float(L.mean()), 3)}}
-    for rule, (feat, how) in RULES.items():
+    for rule, (feat, how, _) in RULES.items():
         if feat not in scalar_names:
             continue
-        v = scalars[..., scalar_names.index(feat)]
+        v = rule_values(rule, scalars, scalar_names)
         grid = np.unique(np.quantile(v, np.linspace(0, 1, 41)))
         out[rule] = best_over(grid, lambda t, v=v, how=how: rule_lengths(v, m, t, how, min_draft), csum, costs)
     grid = 1 / (1 + np.exp(-np.linspace(-7, 9, 81)))
@@ -191,7 +208,7 @@ def compare(layer_lengths, csum: np.ndarray, m: np.ndarray, scalars: np.ndarray,
     for v in out.values():
         v.pop("lengths", None)
     s = out["layer"]["predicted_speedup"]
-    for k in ("entropy", "confidence", "features-only", "oracle"):
+    for k in (*RULES, "features-only", "oracle"):
         if k in out:
             out[f"vs_{k}"] = round(s / out[k]["predicted_speedup"], 4)
     return out
