@@ -312,6 +312,8 @@ def test_plots_written_and_non_empty(tmp_path):
 
 # ------------------------------------------------------------------------------------------ end to end
 def test_quick_end_to_end_and_resume(tmp_path, capsys):
+    from pacer.bench.cli import _write_meta
+
     out = tmp_path / "bench"
     argv = ["bench", "--quick", "--n", "3", "--max-new-tokens", "8", "--no-progress", "--out", str(out),
             "--methods", "ar,sd:gamma=2,heuristic,oracle,hf-assisted,hf-assisted:schedule=heuristic"]
@@ -343,6 +345,19 @@ def test_quick_end_to_end_and_resume(tmp_path, capsys):
     assert main([*argv2, "--resume"]) == 2
     assert "max_new_tokens=8" in capsys.readouterr().err
     assert main(["bench", "--report-only", "--out", str(out)]) == 0
+    # a run started on another CPU is not resumed here (its wall-clock pairs would mix machines), before any load
+    meta["cpu_identity"] = {**meta["cpu_identity"], "family": "99"}
+    meta["cpu"] = "Another CPU (family 99)"
+    _write_meta(out, meta)
+    assert main([*argv, "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "was started on Another CPU (family 99)" in err and "another --out" in err
+    # a run whose segments ran on two CPUs says so in its report
+    meta["segments"][0]["cpu"] = "Another CPU (family 99)"
+    meta["segments"][1]["cpu"] = "This CPU"
+    _write_meta(out, meta)
+    assert main(["bench", "--report-only", "--out", str(out)]) == 0
+    assert "the segments ran on 2 CPUs" in (out / "report.md").read_text()
 
 
 def test_report_marks_a_partial_run(tmp_path):

@@ -297,6 +297,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
                              f"this command asks {len(asked)}" + (f", e.g. {new[0]} is new" if new else "")
                              + "); resume with the run's own questions (its command is in run.json) or use another "
                                "--out")
+    if args.resume and previous.get("cpu_identity"):
+        from ..machine import cpu_identity, describe_cpu
+
+        if previous["cpu_identity"] != cpu_identity():
+            raise PacerError(f"--resume: {out} was started on {previous.get('cpu')}, this machine is {describe_cpu()}: "
+                             f"its wall-clock ratios would pair questions timed on two machines; run the benchmark "
+                             f"again into another --out")
     has_answers = (out / "answers.jsonl").exists() and (out / "answers.jsonl").stat().st_size > 0
     if (previous or has_answers) and not args.resume:
         raise PacerError(f"--out {out} already holds a benchmark run; pass --resume to continue it, "
@@ -448,10 +455,10 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
     load_at_start = None if load is None else round(load, 2)
     # one entry per start or resume: a run continued in a later session says which commits and machines made it
     segment = {"started": now, "git_commit": commit or "unknown", "git_dirty": bool(dirty),
-               "load_average_at_start": load_at_start}
+               "load_average_at_start": load_at_start, "cpu": describe_cpu()}
     if previous and not previous.get("segments"):  # a run.json from before segments were recorded
         previous["segments"] = [{k: previous.get(k) for k in ("started", "git_commit", "git_dirty",
-                                                             "load_average_at_start")}]
+                                                             "load_average_at_start", "cpu")}]
     meta = {
         **config,
         "command": command_line(args, methods_text),

@@ -134,7 +134,11 @@ def markdown(summary: dict, meta: dict) -> str:
     if len(segs) > 1:
         L.append(f"- run in {len(segs)} segments (start, then `--resume`): " + "; ".join(
             f"{g.get('started')} at `{str(g.get('git_commit'))[:12]}`" + (" (dirty)" if g.get("git_dirty") else "")
-            + f", load {g.get('load_average_at_start')}" for g in segs))
+            + f", load {g.get('load_average_at_start')}" + (f", on {g['cpu']}" if g.get("cpu") else "") for g in segs))
+        cpus = list(dict.fromkeys(g["cpu"] for g in segs if g.get("cpu")))
+        if len(cpus) > 1:
+            L.append(f"- ⚠️ **the segments ran on {len(cpus)} CPUs** ({'; '.join(cpus)}): the profile clock prices "
+                     f"every run's forwards alike, but the wall-clock figures pair runs timed on different machines")
     rc = meta.get("lossless_rechecked")
     if rc:
         L.append(f"- differences re-diagnosed with `--recheck-lossless` ({rc.get('outputs')} outputs) on "
