@@ -165,10 +165,10 @@ def parse_methods(text: str, validation: Callable[[], dict[str, dict]] | None = 
                 o = _option(name, k) if name in methods.names() and methods.get(name).drafts else None
                 values = [o.parse(v) if o is not None and (o.type is str or o.parser) else parse_value(v)]
             variants = [[*base, (k, x)] for base in variants for x in values]
+        shown = {k: v for k, v in items if (k, v) == ("threshold", VALIDATION)}  # labelled as asked, not its value
         for opts in variants:
             _check(name, opts, raw)
-            label = ":".join([name, *(f"{k}={VALIDATION if (k, raw_v) == ('threshold', VALIDATION) else v}"
-                                      for (k, v), (_, raw_v) in zip(opts, items, strict=False))])
+            label = ":".join([name, *(f"{k}={shown.get(k, v)}" for k, v in opts)])
             spec = MethodSpec(name, tuple(opts), label)
             if spec.label in {s.label for s in specs}:
                 raise PacerError(f"method '{label}' is listed twice in --methods")
