@@ -340,6 +340,27 @@ def test_candidate_branches_pay_like_draft_tokens():
     assert d.branches == [] and tree is None
 
 
+def test_sibling_branches_pay_like_draft_tokens():
+    """A sibling of d_{i+1} yields a token with probability (S_i - S_{i+1}) * hit: scored on a flat curve, the
+    likeliest first; none on a curve where a scored token costs a forward, none that never hit, none after a round
+    that drafted nothing."""
+
+    def chosen(costs, hits, S=(0.9, 0.5, 0.45)):
+        pol = CostAwarePolicy(FixedPolicy(gamma=4), costs)
+        pol.S, pol.spent = list(S), len(S) * costs.draft
+        return pol.sibling_room(DraftState(tokens=[1] * len(S), prob=list(S)), hits)
+
+    assert chosen(FLAT, [0.5, 0.5, 0.5]) == [1, 0, 2]  # gains 0.2, 0.05, 0.025 (S_0 = 1)
+    assert chosen(LINEAR, [0.5, 0.5, 0.5]) == []
+    assert chosen(FLAT, [0.0, 0.0, 0.0]) == []
+    assert chosen(FLAT, [0.5, 0.5], S=()) == []
+    steep_after_4 = Costs(0.03, {1: 0.3, 4: 0.3, 5: 0.45, 8: 0.9})
+    assert chosen(steep_after_4, [0.5, 0.5, 0.5]) == []  # k = 4 already: one more token costs half a forward
+    # no cost model: every position, likeliest first by the draft's own survival
+    st = DraftState(tokens=[1, 2, 3], prob=[0.9, 0.5, 0.99])
+    assert FixedPolicy(gamma=4).sibling_room(st, [0.5, 0.5, 0.0]) == [1, 0]
+
+
 def test_what_the_rule_learns_carries_over_to_the_next_generation():
     dec = decoder("same", FLAT)
     first = dec.generate(PROMPTS[0], "sd", max_new_tokens=30)

@@ -180,8 +180,9 @@ def test_tree_forward_matches_separate_branch_forwards(close, past_len):
     ids = close.encode(PROMPTS[1])
     prefix, pending = ids[:-past_len], ids[-past_len:]
     main = [11, 42, 99]
-    branches = [[5, 6, 7, 8], [70], [30, 31]]
-    d = Draft(main, None, DraftState(), branches=[list(b) for b in branches])
+    branches = [[5, 6, 7, 8], [70], [30, 31], [17, 18]]
+    anchors = [3, 3, 3, 1]  # the last: a sibling of d_2
+    d = Draft(main, None, DraftState(), branches=[list(b) for b in branches], anchors=list(anchors))
     t = TransformersBackend(model)
     t.forward(prefix)
     tree_ids, shape = d.tree_inputs(pending, room=10)
@@ -196,8 +197,8 @@ def test_tree_forward_matches_separate_branch_forwards(close, past_len):
     ref = plain(prefix + pending + main)[len(prefix) :]
     torch.testing.assert_close(tree[:k], ref, rtol=1e-4, atol=1e-4)
     o = k
-    for b in branches:
-        ref = plain(prefix + pending + main + b)[-len(b) :]
+    for b, a in zip(branches, anchors, strict=True):
+        ref = plain(prefix + pending + main[:a] + b)[-len(b) :]
         torch.testing.assert_close(tree[o : o + len(b)], ref, rtol=1e-4, atol=1e-4)
         o += len(b)
     # the cache cropped to the main chain is the plain cache: the next token scores like a plain forward
@@ -217,6 +218,30 @@ def test_tree_forward_matches_separate_branch_forwards(close, past_len):
     assert not torch.allclose(bad[k + len(branches[0]) :], tree[k + len(branches[0]) :], atol=1e-3)
 
 
+def test_tree_inputs_with_siblings():
+    """A sibling of d_{a+1} sees the pending tokens and d_1..d_a only, at d_{a+1}'s position; ``total`` caps the
+    branches after d_γ only; a backend without such trees gets none."""
+    d = Draft([1, 2, 3], None, DraftState(), branches=[[7, 8], [5]], anchors=[3, 1])
+    ids, tree = d.tree_inputs([9], room=4)
+    assert ids == [9, 1, 2, 3, 7, 8, 5] and tree.depth == (0, 1, 2, 3, 4, 5, 2)
+    allowed = tree.attend.int().tolist()
+    assert allowed[6] == [1, 1, 0, 0, 0, 0, 1]  # the sibling of d_2: pending, d_1, itself
+    assert allowed[5] == [1, 1, 1, 1, 1, 1, 0]  # the tail branch: the whole main chain and its own prefix
+    d = Draft([1, 2, 3], None, DraftState(), branches=[[7, 8], [5]], anchors=[3, 1])
+    ids, _ = d.tree_inputs([9], room=4, total=0)
+    assert ids == [9, 1, 2, 3, 5] and d.branches == [[5]] and d.anchors == [1]
+    d = Draft([1, 2, 3], None, DraftState(), branches=[[7, 8], [5]], anchors=[3, 1])
+    ids, _ = d.tree_inputs([9], room=4, siblings=False)
+    assert ids == [9, 1, 2, 3, 7, 8] and d.anchors == [3]
+    # accepting: only a branch anchored where the main draft stopped
+    d = Draft([1, 2, 3], None, DraftState(), branches=[[7, 8], [5]], anchors=[3, 1])
+    d.tree_inputs([9], room=4)
+    logits = torch.zeros(7, 10)
+    logits[6, 4] = 1.0  # the target's token after the sibling
+    assert d.accept_branch(logits, 4, 1, 5) == 4 and d.extension == [5]
+    assert d.accept_branch(logits, 4, 2, 5) == 5 and d.extension == []  # nothing anchored after d_2
+
+
 def test_tree_inputs_trim_and_plain_path():
     d = Draft([1, 2], None, DraftState(), branches=[[3, 4, 5], [6]])
     ids, tree = d.tree_inputs([9], room=2)
@@ -228,6 +253,34 @@ def test_tree_inputs_trim_and_plain_path():
     assert allowed[2] == [1, 1, 1, 0, 0, 0]  # the main chain is causal
     d = Draft([1, 2], None, DraftState(), branches=[[3]])
     assert d.tree_inputs([9], room=0) == ([9, 1, 2], None)
+
+
+@pytest.mark.parametrize("kind", ["close", "random"])
+def test_siblings_are_lossless_and_extend_rounds(pairs, kind, monkeypatch):
+    """Greedy with sibling branches (the draft's second choice beside each draft token) equals plain decoding;
+    on the close pair some sibling is the target's token and extends its round by one; a target backend that
+    scores no such tree gets none, with the same output."""
+    dec = pairs[kind]
+    clear_shared_pools()
+    hits = 0
+    for prompt in PROMPTS:
+        ids = dec.encode(prompt)
+        ar = dec.generate(ids, "ar", max_new_tokens=40).token_ids
+        for gamma in (3, 6):
+            res = dec.generate(ids, "ouroboros", max_new_tokens=40, gamma=gamma,
+                               options={"siblings": 4, "candidates": 1})
+            assert res.token_ids == ar, (kind, prompt, gamma)
+            rep = check_stats(res)
+            assert rep["siblings_proposed"] > 0 and rep["siblings_accepted"] <= rep["siblings_proposed"]
+            hits += rep["siblings_accepted"]
+    if kind == "close":
+        assert hits > 0
+    monkeypatch.setattr(type(getattr(dec.target, "inner", dec.target)), "sibling_branches", False)
+    ids = dec.encode(PROMPTS[1])
+    res = dec.generate(ids, "ouroboros", max_new_tokens=40, gamma=6, options={"siblings": 4, "candidates": 0})
+    assert res.token_ids == dec.generate(ids, "ar", max_new_tokens=40).token_ids
+    rep = res.extra["drafter"]
+    assert rep["siblings_proposed"] > 0 and rep["candidate_rounds"] == 0  # proposed, never scored
 
 
 # ---------------------------------------------------------------------------------------------- pool

@@ -11,7 +11,7 @@ import torch
 
 from pacer.policies import ConfidencePolicy, DraftState, EntropyPolicy, FixedPolicy, HeuristicPolicy, RoundResult
 from pacer.preverify.collect import Recorder
-from pacer.preverify.features import FeatureSpec
+from pacer.preverify.features import TARGET_SCALARS, FeatureSpec
 from pacer.preverify.layer import PreVerifier
 
 
@@ -72,7 +72,8 @@ def test_collected_labels_match_a_hand_computed_round():
     rec = Recorder(spec=spec)
     s = state(top=[0.9, 0.8, 0.7, 0.6, 0.5])
     s.hidden = [torch.full((4,), float(i)) for i in range(5)]
-    rec.update(s, RoundResult(5, 2, soft=[1.0, 0.9, 0.3, 0.2, 0.1]))
+    rec.update(s, RoundResult(5, 2, soft=[1.0, 0.9, 0.3, 0.2, 0.1], target_entropy=[0.5, 1.0, 3.0],
+                              target_margin=[0.8, 0.2, 0.4]))
     rec.update(s, RoundResult(5, 5, soft=[1.0] * 5))
     out = rec.take()
     assert out["accepted"][:5].tolist() == [1, 1, 0, 0, 0] and out["accepted"][5:].tolist() == [1] * 5
@@ -83,6 +84,16 @@ def test_collected_labels_match_a_hand_computed_round():
     assert out["hidden"][3].tolist() == [3.0] * 4  # d_4's own hidden state
     prev = spec.scalar_names.index("prev_ratio")
     assert out["scalars"][0, prev] == 1.0 and out["scalars"][5, prev] == pytest.approx(2 / 5)
+    # the target-state scalars: defaults before the first verification, then the previous round's target - the
+    # bonus position is the last value, the mean and the min run over the accepted positions and the bonus
+    col = {name: spec.scalar_names.index(name) for name in TARGET_SCALARS}
+    first = {name: float(out["scalars"][0, c]) for name, c in col.items()}
+    assert first == {"t_entropy": 0.0, "t_margin": 1.0, "t_entropy_mean": 0.0, "t_margin_min": 1.0,
+                     "prev_accepted": 1.0}
+    second = {name: float(out["scalars"][7, c]) for name, c in col.items()}
+    assert second == pytest.approx({"t_entropy": 3.0, "t_margin": 0.4, "t_entropy_mean": 1.5, "t_margin_min": 0.2,
+                                    "prev_accepted": 2 / 5})
+    assert rec.needs_target_state and not FixedPolicy(gamma=4).needs_target_state
 
 
 def test_a_block_score_is_the_survival_through_the_block_last_token():

@@ -9,14 +9,16 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pacer import PacerError, SamplingConfig
+from pacer.policies import FixedPolicy, RoundResult
 from pacer.policies.learned import PacerPolicy, SpecDecPPPolicy, load_checkpoint, make_learned_policy
 from pacer.preverify.collect import collect, load_dataset
-from pacer.preverify.features import FeatureSpec
+from pacer.preverify.features import SCALAR_NAMES, TARGET_SCALARS, FeatureSpec
 from pacer.preverify.layer import PreVerifier, TokenHead, param_count
 from pacer.preverify.train import Costs, roc_auc, simulate, stop_lengths, train
 
 COSTS = Costs(draft=0.1, target={1: 0.3, 8: 0.32, 16: 0.4, 24: 0.5})
-SPEC = FeatureSpec(hidden_layers=(-2, -1), hidden_size=64, max_draft=8)
+#: the synthetic collections' scalars are noise: the first nine (the draft-side ones) keep the tests' noise draws fixed
+SPEC = FeatureSpec(hidden_layers=(-2, -1), hidden_size=64, max_draft=8, scalar_names=SCALAR_NAMES[:9])
 
 
 def synthetic_collection(folder: Path, rounds: int = 300, seed: int = 0, fingerprint: str = "tiny-draft") -> Path:
@@ -172,6 +174,62 @@ def test_collect_then_train_then_load_on_tiny_models(tmp_path, close, monkeypatc
     ar = close.generate(ids, "ar", max_new_tokens=30)
     res = close.generate(ids, "pacer", max_new_tokens=30, policy=pol)
     assert res.token_ids == ar.token_ids and cfg["block"] == 2
+    assert pol.needs_target_state  # the default features read the target's previous verification
+    # a checkpoint without some scalars reads only the rest, live too; the ablation retrains without each group
+    cfg = train(tmp_path / "data", tmp_path / "ckpt2", "pacer", block=2, epochs=2, log=None,
+                drop_scalars=TARGET_SCALARS, ablate=("round-history", "target-state"))
+    assert not set(TARGET_SCALARS) & set(cfg["feature_spec"]["scalar_names"])
+    assert set(cfg["ablation"]) == {"round-history"}  # the target-state scalars are not read: nothing to drop
+    assert cfg["ablation"]["round-history"]["dropped"] == ["prev_ratio", "ema_ratio"]
+    assert set(cfg["rules"]) == {"confidence", "entropy", "cumprob"}  # the rules still read the draft's scalars
+    pol = make_learned_policy("pacer", tmp_path / "ckpt2", close.draft_info.fingerprint, {}, {}, close.draft_info)
+    assert not pol.needs_target_state
+    assert close.generate(ids, "pacer", max_new_tokens=30, policy=pol).token_ids == ar.token_ids
+    with pytest.raises(PacerError, match="not recorded"):
+        train(tmp_path / "data", None, "pacer", epochs=1, log=None, drop_scalars=("no_such",))
+    with pytest.raises(PacerError, match="unknown ablation group"):
+        train(tmp_path / "data", None, "pacer", epochs=1, log=None, ablate=("nothing",))
+
+
+class TargetStateProbe(FixedPolicy):
+    """A fixed-γ policy that keeps every round's result."""
+
+    def __init__(self, needs: bool) -> None:
+        super().__init__(gamma=4)
+        self.needs_target_state = needs
+        self.results: list[RoundResult] = []
+
+    def update(self, state, result) -> None:
+        self.results.append(result)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_target_state_is_the_target_distribution_at_the_accepted_and_bonus_positions(close, temperature):
+    """``RoundResult.target_entropy / target_margin`` hold, per round, the entropy and top-2 margin of the target's
+    temperature-1 distribution at the positions of d_1..d_n and at the bonus position (checked against one plain
+    target forward over the output), and nothing for a policy that does not ask for them."""
+    ids = close.encode("def f(x):\n    return")
+    probe = TargetStateProbe(needs=True)
+    res = close.generate(ids, "sd", max_new_tokens=24, policy=probe,
+                         sampling=SamplingConfig(temperature=temperature, seed=3))
+    target = close.target
+    target.reset()
+    logits, _ = target.forward(ids + res.token_ids, keep=0)
+    logp = torch.log_softmax(logits.float(), -1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    top2 = logp.exp().topk(2, -1).values
+    margin = top2[:, 0] - top2[:, 1]
+    start = len(ids)  # the first token of a round is predicted at row start - 1
+    for r in probe.results:
+        n = r.accepted
+        assert len(r.target_entropy) == len(r.target_margin) == n + 1
+        rows = slice(start - 1, start + n)
+        assert r.target_entropy == pytest.approx(entropy[rows].tolist(), abs=1e-3)
+        assert r.target_margin == pytest.approx(margin[rows].tolist(), abs=1e-3)
+        start += r.committed
+    plain = TargetStateProbe(needs=False)
+    close.generate(ids, "sd", max_new_tokens=24, policy=plain)
+    assert all(r.target_entropy == [] and r.target_margin == [] for r in plain.results)
 
 
 def random_policy(kind: str, block: int = 2, threshold: float = 0.5, seed: int = 0, hidden: int = 64):

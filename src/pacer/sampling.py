@@ -131,6 +131,16 @@ def _at(draft: list[int], *probs: torch.Tensor) -> list[list[float]]:
     return torch.stack([t[rows, cols].float() for t in probs]).tolist()
 
 
+def target_state(logits: torch.Tensor) -> tuple[list[float], list[float]]:
+    """Entropy (nats) and top-2 margin of ``softmax(logits)`` per row (temperature 1): ``[k, V] -> k, k`` values,
+    read back in one transfer."""
+    logp = torch.log_softmax(logits.float(), -1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    top2 = logp.topk(2, -1).values.exp()
+    out = torch.stack([entropy, top2[:, 0] - top2[:, 1]], 1).tolist()
+    return [e for e, _ in out], [m for _, m in out]
+
+
 def acceptance_probs(draft: list[int], q_tokens: list[float], p: torch.Tensor) -> list[float]:
     """Soft acceptance ``min(1, p[i][d_{i+1}] / q_i(d_{i+1}))`` per draft token; ``q_tokens`` holds the draft's
     probabilities of its own tokens (in greedy mode the unwarped softmax, i.e. temperature 1)."""

@@ -65,6 +65,9 @@ class ModelBackend(ABC):
     #: the hidden states ``forward(hidden=True)`` returns, as indices into transformers' ``hidden_states``
     #: (``None``: all of them, embeddings first; llama.cpp: ``(-1,)``, the final normed state only)
     hidden_layers: tuple[int, ...] | None = None
+    #: ``forward`` scores any :class:`Tree`, also branches beside a draft token (siblings); ``False``: only a
+    #: causal chain with branches after its end (llama.cpp's sequence ids), and the loop sends no other tree
+    sibling_branches: bool = True
 
     @abstractmethod
     def reset(self) -> None:

@@ -55,15 +55,22 @@ class Drafter:
         """Called once a generation has ended (e.g. to save state that outlives it)."""
 
 
-def token_features(q: torch.Tensor, x: int, state: DraftState, index: int | None = None) -> None:
+def token_features(q: torch.Tensor, x: int, state: DraftState, index: int | None = None,
+                   ids: torch.Tensor | None = None) -> None:
     """Append the cheap per-token features of draft token ``x`` drawn from ``q`` to ``state`` (computed where ``q``
     is and read back in one transfer). ``index``: where ``x`` is in ``q`` when ``q`` covers only the ids a reduced
-    draft head scores (every other id has probability 0; default: ``q`` is over the whole vocabulary)."""
+    draft head scores (``ids``; every other id has probability 0; default: ``q`` is over the whole vocabulary)."""
     logq = torch.log(q.clamp_min(1e-30))
-    top2 = torch.topk(q, 2).values if q.shape[-1] > 1 else torch.cat([q.max().reshape(1), q.new_zeros(1)])
+    if q.shape[-1] > 1:
+        top2, where = torch.topk(q, 2)
+    else:
+        top2, where = torch.cat([q.max().reshape(1), q.new_zeros(1)]), torch.zeros(2, dtype=torch.long)
     at = x if index is None else index
-    prob, top, second, entropy = torch.stack([q[at], top2[0], top2[1], -(q * logq).sum()]).tolist()
+    prob, top, second, entropy, alt = torch.stack([q[at], top2[0], top2[1], -(q * logq).sum(),
+                                                   where[1].to(q.dtype)]).tolist()
+    alt = int(alt) if ids is None else int(ids[int(where[1])])
     state.tokens.append(x)
+    state.second_token.append(alt)
     state.prob.append(prob)
     state.top_prob.append(top)
     state.second_prob.append(second)
@@ -106,12 +113,13 @@ class Proposal:
 
     def add(self, q: torch.Tensor, x: int, hidden: tuple[torch.Tensor, ...] | None, row: int,
             phrase: bool = False, keep_q: bool = False, confidence: float | None = None,
-            index: int | None = None) -> None:
+            index: int | None = None, ids: torch.Tensor | None = None) -> None:
         """Token ``x`` drawn from ``q``; ``hidden[layer][row]`` are its hidden states (the forward's row that
         predicted it); ``keep_q``: sampling, the loop needs ``q`` for rejection sampling (over the whole
         vocabulary); ``confidence``: the drafter's own estimate that ``x`` is right (``DraftState.confidence``);
-        ``index``: greedy, ``q`` covers only a reduced head's scored ids and ``x`` is at ``index`` in it."""
-        token_features(q, x, self.state, index)
+        ``index``: greedy, ``q`` covers only a reduced head's scored ids (``ids``) and ``x`` is at ``index`` in
+        it."""
+        token_features(q, x, self.state, index, ids)
         self.state.phrase.append(phrase)
         if confidence is not None:
             self.state.confidence.append(confidence)

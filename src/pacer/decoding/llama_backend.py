@@ -129,6 +129,7 @@ class LlamaCppBackend(ModelBackend):
     """A llama.cpp context (its KV cache) on a :class:`LlamaModel` (see the module docstring)."""
 
     hidden_layers = (-1,)
+    sibling_branches = False  # a chain with branches after it only (_tree_seqs)
 
     def __init__(self, model: LlamaModel, context: int | None = None) -> None:
         self.llama = model

@@ -27,7 +27,7 @@ import time
 import torch
 
 from ..policies.base import DraftPolicy, RoundResult
-from ..sampling import SamplingConfig, acceptance_probs, pick, verify_greedy, verify_sampling, warp
+from ..sampling import SamplingConfig, acceptance_probs, pick, target_state, verify_greedy, verify_sampling, warp
 from .backend import ModelBackend
 from .drafter import Drafter
 from .meter import recording
@@ -81,17 +81,19 @@ def speculative_generate(
             t1 = time.perf_counter()
             γ = len(draft.tokens)
             # 2. verify: one target forward over the unseen tokens and d_1..d_γ (greedy: plus candidate branches
-            #    after d_γ, as a tree, where they pay); p[i] is the target's distribution for d_{i+1} (p[γ]: bonus)
+            #    after d_γ or beside a draft token, as a tree, where they pay); p[i] is the target's distribution
+            #    for d_{i+1} (p[γ]: bonus)
             pending = tokens[target.length :]
             room = min(out.remaining, target.context - len(tokens)) - 1 - γ if sampling.greedy and γ else 0
-            ids, tree = draft.tree_inputs(pending, room, policy.branch_room(γ) if room > 0 else 0)
+            ids, tree = draft.tree_inputs(pending, room, policy.branch_room(γ) if room > 0 else 0,
+                                          siblings=target.sibling_branches)
             scores, _ = target.forward(ids, tree=tree, keep=len(ids) - len(pending) + 1)
             logits = scores[: γ + 1]  # row 0 is the last pending token's
-            # 3. accept: greedy - longest matching prefix, then (all γ matched) the longest matching branch,
+            # 3. accept: greedy - longest matching prefix, then the longest matching branch anchored there,
             #    plus the target's token; sampling - rejection sampling
             if sampling.greedy:
                 n, x = verify_greedy(draft.tokens, logits)
-                x = draft.accept_branch(scores, γ + 1, x) if n == γ and draft.branches else x
+                x = draft.accept_branch(scores, γ + 1, n, x) if draft.branches else x
                 p = None
             else:
                 p = warp(logits, sampling)
@@ -111,10 +113,11 @@ def speculative_generate(
             stats.draft_forwards += draft.forwards
             soft = acceptance_probs(draft.tokens, draft.state.prob, p if p is not None else torch.softmax(logits, -1)) \
                 if policy.needs_soft and γ else []
+            t_ent, t_margin = target_state(logits[: n + 1]) if policy.needs_target_state else ([], [])
             branched = sum(len(b) for b in draft.branches)
             policy.update(draft.state, RoundResult(γ, n, soft, t1 - t0 - draft.policy_time - draft.pool_time,
                                                    t2 - t1, len(ids), draft.forwards, len(committed), branched,
-                                                   len(draft.extension)))
+                                                   len(draft.extension), t_ent, t_margin))
             t4 = time.perf_counter()
             stats.time_draft += t1 - t0 - draft.policy_time - draft.pool_time
             stats.time_pool += draft.pool_time + (t3 - t2)

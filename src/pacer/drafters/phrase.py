@@ -268,7 +268,10 @@ class PhraseDrafter(TokenDrafter):
     ``warm_start`` share the pool across generations, ``pool_file`` load/save the pool, ``phrases`` draft
     phrase by phrase (False: token by token, e.g. to measure candidates alone), ``tree_size`` most tokens
     one verification may score with the branches (default 10, ``None``: no cap): a target forward costs about
-    the same for 1..8-10 tokens on this CPU and clearly more beyond, so branches only fill that flat part.
+    the same for 1..8-10 tokens on this CPU and clearly more beyond, so branches only fill that flat part;
+    ``siblings`` most sibling branches per round (default 0): the draft's second choice beside a draft token,
+    where the policy prices it as paying (:meth:`pacer.policies.DraftPolicy.sibling_room`; a target backend
+    that scores no such tree gets none).
     """
 
     def __init__(self, backend: ModelBackend, vocab: int, ngram: int | None = None,
@@ -276,14 +279,16 @@ class PhraseDrafter(TokenDrafter):
                  candidate_len: int | None = None, key_len: int = 2,
                  sources: str | tuple[str, ...] | list[str] = SOURCES, warm_start: bool = True,
                  pool_file: str | Path | None = None, phrases: bool = True, pool_tag: str = "",
-                 tree_size: int | None = 10) -> None:
+                 tree_size: int | None = 10, siblings: int | None = None) -> None:
         super().__init__(backend, vocab)
         ngram = 6 if ngram is None else int(ngram)
         pool_size = 20000 if pool_size is None else int(pool_size)
         self.candidates = 2 if candidates is None else int(candidates)
         self.candidate_len = int(candidate_len) if candidate_len is not None else ngram
-        if self.candidates < 0 or self.candidate_len < 1:
-            raise PacerError(f"candidates must be >= 0 (got {self.candidates}) and candidate_len >= 1")
+        self.siblings = 0 if siblings is None else int(siblings)
+        if self.candidates < 0 or self.candidate_len < 1 or self.siblings < 0:
+            raise PacerError(f"candidates and siblings must be >= 0 (got {self.candidates}, {self.siblings}) and "
+                             f"candidate_len >= 1")
         self.tree_size = int(tree_size) if tree_size else None
         if isinstance(sources, str):
             sources = tuple(s.strip() for s in sources.replace("+", ",").split(",") if s.strip())
@@ -345,8 +350,8 @@ class PhraseDrafter(TokenDrafter):
         self.counts["rounds"] += 1
         self.counts["draft_tokens"] += len(draft.tokens)
         self.counts["draft_forwards"] += draft.forwards
-        if sampling.greedy and self.candidates and draft.tokens:
-            self._timed(self._add_candidates, tokens, draft)
+        if sampling.greedy and (self.candidates or self.siblings) and draft.tokens:
+            self._timed(self._add_candidates, tokens, draft, policy)
         draft.pool_time = self._pool_seconds
         self._last = draft
         return draft
@@ -392,7 +397,8 @@ class PhraseDrafter(TokenDrafter):
             for j, x in enumerate(new):
                 if j and not p.ask(free=True):
                     break
-                p.add(q[j], x, hidden, len(pending) - 1 + j, phrase=j < k, index=at[j] if ids is not None else None)
+                p.add(q[j], x, hidden, len(pending) - 1 + j, phrase=j < k, index=at[j] if ids is not None else None,
+                      ids=ids)
                 kept += 1
             self.backend.crop(start + min(kept, k))  # keep only kept phrase tokens in the cache
             if phrase:
@@ -429,14 +435,24 @@ class PhraseDrafter(TokenDrafter):
             return 1
         return 0
 
-    def _add_candidates(self, tokens: list[int], draft: Draft) -> None:
+    def _add_candidates(self, tokens: list[int], draft: Draft, policy) -> None:
+        """Candidate continuations after ``d_γ`` and siblings (the draft's second choices where the policy prices
+        them as paying), all within ``tree_size`` (siblings take their room first)."""
         ctx = tokens + draft.tokens
-        left = self.tree_size - 1 - len(draft.tokens) if self.tree_size else 1 << 30  # 1: the pending token
+        γ = len(draft.tokens)
+        left = self.tree_size - 1 - γ if self.tree_size else 1 << 30  # 1: the pending token
+        st = draft.state
+        sib: list[int] = []
+        if self.siblings and len(st.second_token) == γ:
+            hits = [min(1.0, st.second_prob[i] / max(1.0 - st.prob[i], 1e-6)) for i in range(γ)]
+            sib = sorted(policy.sibling_room(st, hits)[: min(self.siblings, max(left, 0))])
+        left -= len(sib)
         found: list[tuple[tuple[Key, Key] | None, list[int]]] = []
-        if self._leftover:
+        if self._leftover and self.candidates:
             found.append((None, self._leftover))
         firsts = {b[0] for _, b in found}
-        found += [(kc, list(kc[1])) for kc in self.pool.lookup(ctx, self.candidates - len(found), firsts)]
+        if self.candidates > len(found):
+            found += [(kc, list(kc[1])) for kc in self.pool.lookup(ctx, self.candidates - len(found), firsts)]
         branches: list[list[int]] = []
         keys: list[tuple[Key, Key] | None] = []
         for kc, b in found:
@@ -446,8 +462,11 @@ class PhraseDrafter(TokenDrafter):
                 keys.append(kc)
                 left -= len(b)
         self._leftover = []
-        draft.branches = branches
+        # siblings last: where the loop drops them (a backend without such trees), the others keep their index
+        draft.branches = branches + [[st.second_token[i]] for i in sib]
+        draft.anchors = [γ] * len(branches) + sib
         self._branch_keys = keys
+        self.counts["siblings"] += len(sib)
 
     def observe(self, tokens: list[int], target_argmax: list[int], accepted: int) -> None:
         draft, n = self._last, accepted
@@ -459,7 +478,9 @@ class PhraseDrafter(TokenDrafter):
             self.counts["candidate_rounds"] += 1
             self.counts["candidates"] += len(draft.branches)
             self.counts["candidate_tokens"] += sum(len(b) for b in draft.branches)
-            if draft.extension:
+            if draft.extension and draft.anchor(draft.branch) < len(draft.tokens):
+                self.counts["siblings_accepted"] += 1
+            elif draft.extension:
                 self.counts["candidate_accepted_rounds"] += 1
                 self.counts["candidate_accepted_tokens"] += len(draft.extension)
                 item = self._branch_keys[draft.branch] if 0 <= draft.branch < len(self._branch_keys) else None
@@ -488,6 +509,8 @@ class PhraseDrafter(TokenDrafter):
             if c["candidate_rounds"] else 0.0,
             "phrase_hits_by_source": dict(self.phrase_hits),
             "candidate_hits_by_source": dict(self.candidate_hits),
+            "siblings_proposed": c["siblings"],
+            "siblings_accepted": c["siblings_accepted"],
             "pool_size": len(self.pool),
             "pool_capacity": self.pool.capacity,
             "pool_by_source": self.pool.counts(),

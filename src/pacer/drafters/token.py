@@ -39,7 +39,7 @@ class TokenDrafter(Drafter):
                 q = torch.softmax(logits[-1, ids].float(), -1)
                 i = int(q.argmax())
                 x = int(ids[i])
-                p.add(q, x, hidden, -1, index=i)
+                p.add(q, x, hidden, -1, index=i, ids=ids)
             else:
                 q = warp(self.align(logits[-1]), sampling)
                 x = pick(q, sampling, gen)

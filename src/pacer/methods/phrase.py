@@ -20,6 +20,8 @@ PHRASE_OPTIONS = (
     Option("pool_file", str, "ouroboros: load the pool from / save it to this file", to="drafter"),
     Option("phrases", bool, "ouroboros: draft phrase by phrase (false: token by token, candidates only)",
            to="drafter"),
+    Option("siblings", int, "ouroboros: most sibling branches per round - the draft's second choice beside a draft "
+           "token, where the cost rule prices it as paying (default 0)", to="drafter", minimum=0),
     Option("tree_size", int, "ouroboros: most tokens one verification scores with the branches (0: no cap)",
            to="drafter", minimum=0),
 )

@@ -52,6 +52,8 @@ class DraftState:
     second_prob: list[float] = field(default_factory=list)
     #: the sampling temperature of this generation (0: greedy)
     temperature: float = 0.0
+    #: the draft's second choice per token (the id of ``second_prob``; empty where a drafter has no ``q``)
+    second_token: list[int] = field(default_factory=list)
 
     @property
     def n(self) -> int:
@@ -70,7 +72,10 @@ class RoundResult:
     ``verify_seconds`` in the target forward that scored ``scored`` tokens, ``draft_forwards`` draft forwards;
     ``committed``: tokens this round appended to the output (``n + 1`` plus any Ouroboros extension, fewer where the
     output ended inside the round); ``branched``: candidate-branch tokens the target scored after ``d_γ`` (a tree),
-    ``extended``: how many of them were accepted (the extension)."""
+    ``extended``: how many of them were accepted (the extension); ``target_entropy`` / ``target_margin`` (when the
+    policy ``needs_target_state``): the target's entropy (nats) and top-2 margin of its temperature-1 distribution at
+    the positions of ``d_1..d_n`` and at the bonus position (``n + 1`` values, the bonus last) - what the
+    verification already computed, read by the pre-verification layer's target-state features."""
 
     drafted: int
     accepted: int
@@ -82,6 +87,8 @@ class RoundResult:
     committed: int = 0
     branched: int = 0
     extended: int = 0
+    target_entropy: list[float] = field(default_factory=list)
+    target_margin: list[float] = field(default_factory=list)
 
 
 class DraftPolicy:
@@ -89,7 +96,9 @@ class DraftPolicy:
     and, to feed the cost-aware rule (:mod:`pacer.policies.cost_aware`), :meth:`survival`.
 
     What a policy needs from the loop is declared here, never probed: ``hidden_layers`` (draft hidden states),
-    ``needs_soft`` (soft acceptance ``min(1, p/q)`` in every :class:`RoundResult`), ``check_seconds`` (what one
+    ``needs_soft`` (soft acceptance ``min(1, p/q)`` in every :class:`RoundResult`), ``needs_target_state`` (the
+    target's entropy and top-2 margin at the accepted and bonus positions in every :class:`RoundResult`),
+    ``check_seconds`` (what one
     :meth:`should_continue` costs, for the cost model), ``needs_reference`` (before generating, the drafter's
     agreement with the target's own greedy continuation through :meth:`set_reference`: the oracle), ``greedy_only``
     (defined for greedy decoding only). Hooks the caller uses: :meth:`prepare` (before a generation, with the
@@ -100,6 +109,8 @@ class DraftPolicy:
     hidden_layers: tuple[int, ...] | None = None
     #: the loop computes ``RoundResult.soft`` for this policy
     needs_soft: bool = False
+    #: the loop computes ``RoundResult.target_entropy`` / ``target_margin`` for this policy
+    needs_target_state: bool = False
     #: seconds of one ``should_continue`` (``c_p``)
     check_seconds: float = 0.0
     #: the caller must pass the drafter's agreement with the target's greedy continuation (:meth:`set_reference`)
@@ -148,6 +159,17 @@ class DraftPolicy:
         """How many candidate-branch tokens (Ouroboros) the target may score after a draft of ``drafted`` tokens;
         unbounded unless a cost model says otherwise."""
         return 1 << 30
+
+    def sibling_room(self, state: DraftState, hits: list[float]) -> list[int]:
+        """Which draft positions get a sibling branch (greedy): ``i`` - the draft's second choice for ``d_{i+1}``,
+        scored beside it; ``hits[i]``: the drafter's estimate that the target picks that token once ``d_{i+1}`` is
+        rejected. A sibling adds a token to a round whose first rejection is at ``d_{i+1}`` and whose target token
+        is the sibling. Default (no cost model): every position, likeliest first by the draft's own survival."""
+        surv, gains = 1.0, []
+        for i, h in enumerate(hits):
+            gains.append((surv * (1.0 - state.prob[i]) * h, i))
+            surv *= state.prob[i]
+        return [i for g, i in sorted(gains, reverse=True) if g > 0]
 
     def phrase_room(self, fed: int, accept: list[float]) -> int:
         """How many phrase tokens (Ouroboros) the draft may check in a forward that reads ``fed`` unread tokens,

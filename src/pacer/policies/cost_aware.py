@@ -179,6 +179,7 @@ class CostAwarePolicy(DraftPolicy):
         self.inner, self.base, self.source, self.refine = inner, costs.monotone(), source, refine
         self.hidden_layers = inner.hidden_layers
         self.needs_soft = inner.needs_soft
+        self.needs_target_state = inner.needs_target_state
         self.greedy_only = inner.greedy_only
         self.check_seconds = inner.check_seconds
         self.memory = memory or CostMemory()
@@ -265,6 +266,29 @@ class CostAwarePolicy(DraftPolicy):
 
     #: the most candidate-branch tokens one verification may score
     MAX_BRANCH = 16
+
+    def sibling_room(self, state: DraftState, hits: list[float]) -> list[int]:
+        """Sibling branches pay like draft tokens: the sibling of ``d_{i+1}`` yields a token with probability
+        ``(S_i - S_{i+1}) · hits[i]`` (the round's first rejection is at ``d_{i+1}``, calibrated survival ``S``,
+        and the target's token is the sibling); the ``b`` likeliest are scored when
+        ``(E_γ + Σ gains) / (T_γ + c_tree(γ + 1 + b) - c_t(γ + 1))`` beats the round without them (nothing where
+        verification costs ``∝ k``)."""
+        drafted = state.n
+        if drafted <= 0:
+            return []
+        S = [1.0] + self.S[:drafted] + [self.S[-1] if self.S else 1.0] * (drafted - len(self.S))
+        E = sum(S)
+        k = drafted + 1
+        base = self.costs.target_cost(k)
+        T = max(self.spent, drafted * (self.costs.draft + self.costs.policy_per_check)) + base
+        gains = sorted((((S[i] - S[i + 1]) * h, i) for i, h in enumerate(hits[:drafted])), reverse=True)
+        best, best_rate, total = 0, E / T, 0.0
+        for b, (g, _) in enumerate(gains[: self.MAX_BRANCH], start=1):
+            total += g
+            rate = (E + total) / (T + self.costs.tree_cost(k + b) - base)
+            if rate > best_rate:
+                best, best_rate = b, rate
+        return [i for g, i in gains[:best] if g > 0]
 
     def phrase_room(self, fed: int, accept: list[float]) -> int:
         """A phrase (Ouroboros) pays like a draft token: the draft checks ``L`` phrase tokens in the forward that

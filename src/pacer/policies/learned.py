@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file
 
 from ..errors import PacerError
-from ..preverify.features import FeatureSpec, RoundHistory, scalar_features
+from ..preverify.features import FeatureSpec, RoundHistory, needs_target_state, scalar_features
 from ..preverify.layer import PreVerifier, TokenHead
 from .base import DraftPolicy, DraftState, RoundResult
 
@@ -133,6 +133,7 @@ class _LearnedPolicy(DraftPolicy):
         if not 0.0 <= self.threshold <= 1.0:
             raise PacerError(f"threshold must be in [0, 1], got {self.threshold}")
         self.hidden_layers = spec.hidden_layers
+        self.needs_target_state = needs_target_state(spec)
         self.hist = RoundHistory()
         self.check_seconds = check_cost(self.name, model, spec, reps=10)
         self._score: tuple[int, float] = (-1, 1.0)
@@ -142,7 +143,7 @@ class _LearnedPolicy(DraftPolicy):
         self._score = (-1, 1.0)
 
     def update(self, state: DraftState, result: RoundResult) -> None:
-        self.hist.update(result.drafted, result.accepted)
+        self.hist.update(result.drafted, result.accepted, result.target_entropy, result.target_margin)
 
     def inputs(self, state: DraftState, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Hidden states ``[n - start, D]`` and normalised scalars ``[n - start, S]`` of tokens ``start..n-1``, on

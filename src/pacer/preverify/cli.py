@@ -44,6 +44,10 @@ def read_costs(path: str):
                          f"{type(e).__name__}: {e}") from e
 
 
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
 def _temperatures(text: str) -> tuple[float, ...]:
     try:
         temps = tuple(float(x) for x in text.split(","))
@@ -89,7 +93,7 @@ def cmd_train(args) -> int:
     check_out_dir(args.out)
     costs = read_costs(args.costs) if args.costs else None
     cfg = train(Path(args.data), Path(args.out), args.kind, args.block, args.epochs, args.seed, args.val_frac,
-                costs, args.min_draft, args.d, args.layers)
+                costs, args.min_draft, args.d, args.layers, drop_scalars=args.drop_scalars, ablate=args.ablate)
     v = cfg["validation"]
     print(json.dumps({"checkpoint": args.out, "kind": args.kind, "block": cfg["block"], "params": cfg["params"],
                       "threshold": cfg["threshold"], **{k: v[k] for k in v if k != "calibration"}}, indent=2))
@@ -150,6 +154,12 @@ def register(sub) -> None:
     t.add_argument("--d", type=int, default=64, help="width of the layer")
     t.add_argument("--layers", type=_layers, default=None, help="use only these recorded layers (ablation)")
     t.add_argument("--min-draft", type=int, default=1)
+    t.add_argument("--drop-scalars", type=_names, default=(), metavar="NAMES",
+                   help="scalar features the model does not read, comma-separated (pacer.preverify.features)")
+    t.add_argument("--ablate", type=_names, default=(), metavar="GROUPS",
+                   help="retrain without each of these scalar groups (comma-separated, or all: target-bonus, "
+                        "target-accepted, accepted-count, target-state, round-history, draft-q) and record "
+                        "the ablation in the checkpoint")
     t.add_argument("--costs", default=None, help="costs JSON (pacer tune --measure-costs) or a cost profile "
                    "(pacer calibrate --export, docs/profiles/): the layer's and the rules' thresholds are chosen "
                    "under these costs; default: the collection's measured ones")

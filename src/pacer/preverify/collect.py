@@ -33,7 +33,7 @@ from ..errors import PacerError
 from ..io import atomic_write_bytes, atomic_write_text
 from ..policies import DraftState, FixedPolicy, RoundResult
 from ..sampling import SamplingConfig
-from .features import FeatureSpec, RoundHistory, scalar_features
+from .features import FeatureSpec, RoundHistory, needs_target_state, scalar_features
 
 
 @dataclass
@@ -50,6 +50,7 @@ class Recorder(FixedPolicy):
         super().__init__(gamma=self.spec.max_draft, min_draft=self.spec.max_draft, max_draft=self.spec.max_draft)
         self.hidden_layers = self.spec.hidden_layers
         self.needs_soft = True
+        self.needs_target_state = needs_target_state(self.spec)
         self.hist = RoundHistory()
         self.rows = {k: [] for k in ("hidden", "scalars", "accepted", "cond_valid", "soft", "position", "round",
                                      "prompt", "temperature", "category")}
@@ -73,7 +74,7 @@ class Recorder(FixedPolicy):
         self.rows["temperature"].append(torch.full((n,), state.temperature, dtype=torch.float32))
         self.rows["category"].append(torch.full((n,), self.category, dtype=torch.int8))
         self.round_id += 1
-        self.hist.update(result.drafted, result.accepted)
+        self.hist.update(result.drafted, result.accepted, result.target_entropy, result.target_margin)
 
     def take(self) -> dict[str, torch.Tensor]:
         out = {k: torch.cat(v) for k, v in self.rows.items() if v}

@@ -9,7 +9,14 @@ Per draft token ``d_i`` (``i`` = 1-based position in the round's draft) the draf
   (nats), ``log q(d_i)``, ``i / max_draft``, from this generation's earlier rounds the previous round's acceptance
   ratio ``n/γ`` and an exponential moving average of it (1.0 before the first round), the top-2 margin of ``q``
   (``max q`` minus the second-largest probability) and the sampling temperature (0: greedy). A checkpoint names the
-  scalars it was trained on, so older checkpoints (the first seven) keep working.
+  scalars it was trained on, so older checkpoints (the first seven, the first nine) keep working.
+* target-state scalars (``TARGET_SCALARS``), constant within a round: what the target's previous verification
+  showed, at no extra forward - its entropy (nats, temperature 1) and top-2 margin at the bonus position (the
+  distribution the round's last committed token came from: ``t_entropy``, ``t_margin``), the mean entropy and the
+  smallest top-2 margin over the positions it accepted plus the bonus (``t_entropy_mean``, ``t_margin_min``), and
+  how many draft tokens it accepted (``prev_accepted``, ``/ max_draft``). Before the first verification of a
+  generation: entropy 0, margin 1, accepted ``max_draft`` (as ``prev_ratio`` starts at 1). A rule cannot see these:
+  they are the target's, not the draft's. The loop computes them only for a policy that ``needs_target_state``.
 
 Labels, from the target's verification of the same round:
 
@@ -41,8 +48,25 @@ SCALARS: dict[str, Callable[[DraftState, int, FeatureSpec, RoundHistory], float]
     "ema_ratio": lambda s, i, spec, h: h.ema,
     "top2_margin": lambda s, i, spec, h: s.top_prob[i] - (s.second_prob[i] if i < len(s.second_prob) else 0.0),
     "temperature": lambda s, i, spec, h: s.temperature,
+    "t_entropy": lambda s, i, spec, h: h.t_entropy,
+    "t_margin": lambda s, i, spec, h: h.t_margin,
+    "t_entropy_mean": lambda s, i, spec, h: h.t_entropy_mean,
+    "t_margin_min": lambda s, i, spec, h: h.t_margin_min,
+    "prev_accepted": lambda s, i, spec, h: min(h.accepted, spec.max_draft) / spec.max_draft
+    if h.accepted is not None else 1.0,
 }
 SCALAR_NAMES = tuple(SCALARS)
+#: the scalars read from the target's previous verification (see the module docstring)
+TARGET_SCALARS = ("t_entropy", "t_margin", "t_entropy_mean", "t_margin_min", "prev_accepted")
+#: named groups of scalars that ``pacer train --ablate`` drops one at a time
+SCALAR_GROUPS: dict[str, tuple[str, ...]] = {
+    "target-bonus": ("t_entropy", "t_margin"),
+    "target-accepted": ("t_entropy_mean", "t_margin_min"),
+    "accepted-count": ("prev_accepted",),
+    "target-state": TARGET_SCALARS,
+    "round-history": ("prev_ratio", "ema_ratio"),
+    "draft-q": ("prob", "top_prob", "entropy", "log_prob", "top2_margin"),
+}
 
 
 @dataclass(frozen=True)
@@ -80,8 +104,14 @@ class FeatureSpec:
         return cls(tuple(d["hidden_layers"]), int(d["hidden_size"]), int(d["max_draft"]), tuple(d["scalar_names"]))
 
 
+def needs_target_state(spec: FeatureSpec) -> bool:
+    """Whether features of ``spec`` read the target's previous verification (the loop then computes it)."""
+    return any(name in TARGET_SCALARS for name in spec.scalar_names)
+
+
 class RoundHistory:
-    """Acceptance of this generation's earlier rounds (the ``prev_ratio`` / ``ema_ratio`` features)."""
+    """This generation's earlier rounds: their acceptance (``prev_ratio`` / ``ema_ratio``) and what the target's
+    last verification showed (the target-state scalars; from ``RoundResult.target_entropy`` / ``target_margin``)."""
 
     def __init__(self, decay: float = 0.7) -> None:
         self.decay = decay
@@ -90,12 +120,23 @@ class RoundHistory:
     def reset(self) -> None:
         self.prev = 1.0
         self.ema = 1.0
+        self.t_entropy = self.t_entropy_mean = 0.0
+        self.t_margin = self.t_margin_min = 1.0
+        self.accepted: int | None = None
 
-    def update(self, drafted: int, accepted: int) -> None:
+    def update(self, drafted: int, accepted: int, target_entropy: list[float] | None = None,
+               target_margin: list[float] | None = None) -> None:
         if drafted:
             r = accepted / drafted
             self.prev = r
             self.ema = self.decay * self.ema + (1 - self.decay) * r
+            self.accepted = accepted
+        if target_entropy:  # positions d_1..d_n and the bonus: the last one is the bonus
+            self.t_entropy = target_entropy[-1]
+            self.t_entropy_mean = sum(target_entropy) / len(target_entropy)
+        if target_margin:
+            self.t_margin = target_margin[-1]
+            self.t_margin_min = min(target_margin)
 
 
 def scalar_features(state: DraftState, spec: FeatureSpec, hist: RoundHistory, start: int = 0) -> torch.Tensor:

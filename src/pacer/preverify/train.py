@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +32,7 @@ from ..errors import PacerError
 from ..io import atomic_write_bytes, atomic_write_text
 from ..policies.learned import check_cost, load_checkpoint
 from .collect import load_dataset
-from .features import FeatureSpec
+from .features import SCALAR_GROUPS, FeatureSpec
 from .layer import PreVerifier, TokenHead, param_count
 from .validation import (
     RULES,
@@ -258,10 +258,12 @@ def _sweep(kind: str, sc: np.ndarray, m: np.ndarray, csum: np.ndarray, block: in
 
 
 def evaluate(kind: str, model, val: Rounds, mu, sd, block: int, costs: Costs, min_draft: int = 1,
-             baseline: nn.Module | None = None, scalar_names: list[str] | None = None) -> dict:
+             baseline: nn.Module | None = None, scalar_names: list[str] | None = None,
+             rule_scalars: torch.Tensor | None = None) -> dict:
     """Validation metrics, the cost-model-optimal threshold and, with ``baseline`` (the features-only model), the
     comparison of :func:`validation.compare` for every cost profile, and for the measured costs per group (greedy /
-    sampled rounds, prompt category)."""
+    sampled rounds, prompt category). The rules read ``rule_scalars`` (named ``scalar_names``; default: the
+    model's own ``val.scalars``), the recorded scalars where the model reads fewer."""
     sc = scores(kind, model, val, mu, sd)
     m = val.m.numpy()
     surv = val.survival().numpy()
@@ -302,7 +304,7 @@ def evaluate(kind: str, model, val: Rounds, mu, sd, block: int, costs: Costs, mi
         return res
     with torch.no_grad():
         base = torch.sigmoid(baseline((val.scalars - mu) / sd).squeeze(-1)).cumprod(-1).numpy()
-    raw = val.scalars.numpy()
+    raw = (val.scalars if rule_scalars is None else rule_scalars).numpy()
     survivals = {"features-only": base, "layer-per-token": token_survival(kind, model, val, mu, sd)}
     res["survival_auc"] = survival_auc({**survivals, **rule_survival(raw, scalar_names)}, hard > 0.5,
                                        val.valid.numpy())
@@ -336,6 +338,47 @@ def rule_thresholds(compared: dict, rounds: int, data: str) -> dict:
             for rule in RULES if rule in compared}
 
 
+def without_scalars(spec: FeatureSpec, names: tuple[str, ...] | list[str]) -> tuple[FeatureSpec, torch.Tensor]:
+    """``spec`` without the scalars ``names`` and the indices of the scalars it keeps; a one-line error for a name
+    the collection did not record."""
+    unknown = [n for n in names if n not in spec.scalar_names]
+    if unknown:
+        raise PacerError(f"scalar(s) {', '.join(unknown)} not recorded in this collection (recorded: "
+                         f"{', '.join(spec.scalar_names)})")
+    keep = [i for i, n in enumerate(spec.scalar_names) if n not in names]
+    if not keep:
+        raise PacerError("leave at least one scalar feature")
+    return replace(spec, scalar_names=tuple(spec.scalar_names[i] for i in keep)), torch.tensor(keep)
+
+
+def ablation(kind: str, tr: Rounds, va: Rounds, spec: FeatureSpec, groups: list[str], full: dict, block: int,
+             epochs: int, seed: int, costs: Costs, min_draft: int, log=print, **fit_kw) -> dict:
+    """For each group of :data:`~pacer.preverify.features.SCALAR_GROUPS` the model reads, the same model trained
+    and evaluated (threshold chosen the same way, same split and seed) without that group's scalars: its predicted
+    speedup under ``costs`` and its ratio to the full model's (``full``: the full model's validation report), its
+    block AUC and survival AUC. A ratio below 1 says the group helped."""
+    out = {}
+    for g in groups:
+        if g not in SCALAR_GROUPS:
+            raise PacerError(f"unknown ablation group '{g}' (known: {', '.join(SCALAR_GROUPS)})")
+        present = [n for n in SCALAR_GROUPS[g] if n in spec.scalar_names]
+        if not present:
+            continue
+        sub, keep = without_scalars(spec, present)
+        tr_g, va_g = replace(tr, scalars=tr.scalars[..., keep]), replace(va, scalars=va.scalars[..., keep])
+        if log:
+            log(f"ablation: without {g} ({', '.join(present)})")
+        model, mu, sd = fit(kind, tr_g, block, epochs, seed, log=None, **fit_kw)
+        ev = evaluate(kind, model, va_g, mu, sd, block, costs, min_draft)
+        surv = token_survival(kind, model, va_g, mu, sd)
+        auc = survival_auc({"layer-per-token": surv}, va_g.accepted.numpy() > 0.5, va_g.valid.numpy())
+        out[g] = {"dropped": present, "predicted_speedup": ev["predicted_speedup"],
+                  "vs_full": round(ev["predicted_speedup"] / full["predicted_speedup"], 4),
+                  "mean_draft": ev["mean_draft"], "auc": ev["auc"],
+                  "survival_auc": auc["layer-per-token"]}
+    return out
+
+
 def save_checkpoint(out: Path, kind: str, model: nn.Module, mu, sd, config: dict) -> None:
     """``weights.safetensors`` + ``config.json``, each written atomically (config last: it marks completeness)."""
     out = Path(out)
@@ -354,12 +397,15 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
           val_frac: float = 0.2, costs: Costs | None = None, min_draft: int = 1, d: int = 64,
           hidden_layers: tuple[int, ...] | None = None, log=print, weighted: bool = True,
           token_weight: float = 0.5, rank: int = 8, dropout: float = 0.5, weight_decay: float = 0.05,
-          check_seconds: float | None = None) -> dict:
+          check_seconds: float | None = None, drop_scalars: tuple[str, ...] = (), ablate: tuple[str, ...] = ()) -> dict:
     """Train, evaluate and save one checkpoint; returns its config (with the validation report).
 
     The cost of one policy check enters the cost model that picks the threshold; it is measured on this machine
     (:func:`check_cost`) unless ``check_seconds`` is given. A measured time varies run to run, so the chosen
-    threshold can too; with ``check_seconds`` fixed, training with the same seed is reproducible."""
+    threshold can too; with ``check_seconds`` fixed, training with the same seed is reproducible. ``drop_scalars``:
+    scalar features the model does not read (the checkpoint's spec names the rest); ``ablate``: groups of
+    :data:`~pacer.preverify.features.SCALAR_GROUPS` (``all``: every one) to retrain without, one at a time, for
+    the checkpoint's ``ablation`` report (:func:`ablation`)."""
     if kind not in ("pacer", "specdecpp"):
         raise PacerError(f"unknown kind '{kind}' (use pacer or specdecpp)")
     if block not in (1, 2, 4, 8, 16):
@@ -383,7 +429,17 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
         data["hidden"] = data["hidden"][:, cols]
         spec = FeatureSpec(tuple(hidden_layers), H, spec.max_draft, spec.scalar_names)
     rounds = to_rounds(data, spec.max_draft)
-    tr, va = split(rounds, val_frac, seed)
+    raw_names = list(spec.scalar_names)  # the rules read the draft's scalars whatever the model reads
+    if drop_scalars:
+        spec, keep = without_scalars(spec, drop_scalars)
+    groups = list(SCALAR_GROUPS) if "all" in ablate else list(ablate)
+    unknown = [g for g in groups if g not in SCALAR_GROUPS]
+    if unknown:
+        raise PacerError(f"unknown ablation group(s) {', '.join(unknown)} (known: {', '.join(SCALAR_GROUPS)}, all)")
+    tr, va_raw = split(rounds, val_frac, seed)
+    va = va_raw
+    if drop_scalars:
+        tr, va = replace(tr, scalars=tr.scalars[..., keep]), replace(va_raw, scalars=va_raw.scalars[..., keep])
     t0 = time.perf_counter()
     model, mu, sd = fit(kind, tr, block, epochs, seed, d=d, log=log, weighted=weighted, token_weight=token_weight,
                         rank=rank, dropout=dropout, weight_decay=weight_decay)
@@ -392,7 +448,11 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
     costs = Costs(costs.draft, costs.target, check)
     y_t, mask = tr.token_targets()
     baseline = fit_features_only((tr.scalars - mu) / sd, y_t, mask, seed=seed)
-    report = evaluate(kind, model, va, mu, sd, block, costs, min_draft, baseline, list(spec.scalar_names))
+    report = evaluate(kind, model, va, mu, sd, block, costs, min_draft, baseline, raw_names, va_raw.scalars)
+    fit_kw = {"d": d, "weighted": weighted, "token_weight": token_weight, "rank": rank, "dropout": dropout,
+              "weight_decay": weight_decay}
+    ablated = ablation(kind, tr, va, spec, groups, report, block, epochs, seed, costs, min_draft, log, **fit_kw) \
+        if groups else None
     cfg = {
         "format": "pacer-preverifier/1",
         "data": {k: manifest[k] for k in ("source", "temperatures", "mix", "max_new_tokens") if k in manifest},
@@ -418,6 +478,10 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
         "sweep": report["sweep"],
         "rules": rule_thresholds(report["compare"]["measured"], len(va), str(data_dir)),
     }
+    if drop_scalars:
+        cfg["train"]["dropped_scalars"] = list(drop_scalars)
+    if ablated is not None:
+        cfg["ablation"] = ablated
     if out is not None:
         save_checkpoint(out, kind, model, mu, sd, cfg)
     return cfg
