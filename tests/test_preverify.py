@@ -9,11 +9,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pacer import PacerError, SamplingConfig
-from pacer.policies import FixedPolicy, RoundResult
+from pacer.policies import DraftState, FixedPolicy, RoundResult
 from pacer.policies.learned import PacerPolicy, SpecDecPPPolicy, load_checkpoint, make_learned_policy
 from pacer.preverify.collect import collect, load_dataset
 from pacer.preverify.features import SCALAR_NAMES, TARGET_SCALARS, FeatureSpec
-from pacer.preverify.layer import PreVerifier, TokenHead, param_count
+from pacer.preverify.layer import PrefixState, PreVerifier, TokenHead, param_count
 from pacer.preverify.train import Costs, roc_auc, simulate, stop_lengths, train
 
 COSTS = Costs(draft=0.1, target={1: 0.3, 8: 0.32, 16: 0.4, 24: 0.5})
@@ -266,6 +266,68 @@ def test_pacer_drafts_in_whole_blocks(pairs):
     pol = random_policy("pacer", block=4, threshold=1.0)  # every block fails: one block a round
     res = dec.generate("hello world", "pacer", max_new_tokens=40, policy=pol)
     assert set(res.stats.draft_lengths[:-1]) == {4}
+
+
+@pytest.mark.parametrize("block", [1, 2, 4])
+def test_the_layer_fed_a_few_tokens_at_a_time_scores_as_its_forward_over_the_whole_draft(block):
+    """``PreVerifier.extend`` (what a check runs) equals ``forward`` over the draft so far, at every length and
+    however the tokens are grouped: the layer is causal, so earlier tokens' states are reused, never recomputed."""
+    torch.manual_seed(block)
+    layer = PreVerifier(40, 5, block=block, d=16, heads=2, max_draft=16, rank=4).eval()
+    torch.nn.init.normal_(layer.block_head.weight)  # a non-zero block head: the pooled block states count too
+    h, s = torch.randn(1, 11, 40), torch.randn(1, 11, 5)
+    with torch.no_grad():
+        for n in range(1, 12):
+            _, blk = layer(h[:, :n], s[:, :n])
+            memo, i, got = PrefixState(), 0, None
+            while i < n:
+                r = min(1 + i % 3, n - i)  # groups of 1, 2, 3 tokens
+                got = layer.extend(memo, h[0, i : i + r], s[0, i : i + r])
+                i += r
+            assert memo.n == n
+            if n < block:
+                assert got is None
+            else:
+                assert got == pytest.approx(float(blk[0, -1]), abs=1e-4)
+
+
+def test_a_pacer_check_feeds_the_layer_only_the_tokens_drafted_since_the_last():
+    """One row per drafted token in a round (not the whole draft at every check), the score still the whole
+    draft's forward; a new round (other features: the history changed) and another draft start over."""
+    pol = random_policy("pacer", block=1, hidden=8)
+    fed, extend = [], pol.model.extend
+
+    def counting(memo, h, s):
+        fed.append(h.shape[0])
+        return extend(memo, h, s)
+
+    pol.model.extend = counting
+    for rnd in range(2):
+        st = DraftState()
+        for i in range(6):
+            st.tokens.append(i)
+            for name, v in (("prob", 0.9 - 0.1 * i), ("top_prob", 0.9), ("entropy", 0.3 * i), ("second_prob", 0.05)):
+                getattr(st, name).append(v)
+            st.hidden.append(torch.randn(16))
+            score = pol.block_score(st)
+            assert pol.block_score(st) == score  # asked again: no more rows
+            h, s = pol.inputs(st)
+            with torch.no_grad():
+                _, blk = pol.model(h[None], s[None])
+            assert score == pytest.approx(float(torch.sigmoid(blk[0, -1])), abs=1e-5)
+        assert fed == [1] * 6
+        pol.update(st, RoundResult(6, 2 + rnd))
+        h, s = pol.inputs(st)  # the same tokens under the new history: other features, another score
+        with torch.no_grad():
+            _, blk = pol.model(h[None], s[None])
+        assert pol.block_score(st) == pytest.approx(float(torch.sigmoid(blk[0, -1])), abs=1e-5)
+        fed.clear()
+    other = DraftState(tokens=[9, 9], prob=[0.5, 0.5], top_prob=[0.5, 0.5], entropy=[1.0, 1.0],
+                       second_prob=[0.1, 0.1], hidden=[torch.randn(16), torch.randn(16)])
+    pol.block_score(st)
+    fed.clear()
+    pol.block_score(other)
+    assert fed == [2]  # a draft the layer has not read: from its first token
 
 
 def test_specdecpp_survival_restarts_every_round(pairs):

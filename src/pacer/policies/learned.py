@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from importlib import resources
 from pathlib import Path
@@ -23,7 +24,7 @@ from safetensors.torch import load_file
 
 from ..errors import PacerError
 from ..preverify.features import FeatureSpec, RoundHistory, needs_target_state, scalar_features
-from ..preverify.layer import PreVerifier, TokenHead
+from ..preverify.layer import PrefixState, PreVerifier, TokenHead
 from .base import DraftPolicy, DraftState, RoundResult
 
 if TYPE_CHECKING:
@@ -94,8 +95,9 @@ def load_checkpoint(path: Path | str, draft_fingerprint: str | None = None, draf
 
 @torch.inference_mode()
 def check_cost(kind: str, model: torch.nn.Module, spec: FeatureSpec, reps: int = 30) -> float:
-    """Median seconds of one policy check as the policy runs it: the layer over a full draft (PACER) or one
-    token (SpecDec++), plus building the scalar features."""
+    """Median seconds of one policy check as the policy runs it: building one token's scalar features and feeding
+    it to the layer after the draft's earlier tokens (PACER: :meth:`PreVerifier.extend`, averaged over a draft of
+    ``max_draft`` tokens) or scoring it alone (SpecDec++)."""
     import statistics
 
     m = spec.max_draft if kind == "pacer" else 1
@@ -106,13 +108,15 @@ def check_cost(kind: str, model: torch.nn.Module, spec: FeatureSpec, reps: int =
     hist = RoundHistory()
     times = []
     for _ in range(reps):
+        memo = PrefixState()
         t = time.perf_counter()
-        s = scalar_features(state, spec, hist).to(device)
-        if kind == "pacer":
-            model(h[None], s[None])
-        else:
-            model(h, s)
-        times.append(time.perf_counter() - t)
+        for i in range(m):
+            s = scalar_features(state.prefix(i + 1), spec, hist, i).to(device)
+            if kind == "pacer":
+                model.extend(memo, h[i : i + 1], s)
+            else:
+                model(h[i : i + 1], s)
+        times.append((time.perf_counter() - t) / m)
     return statistics.median(times)
 
 
@@ -136,11 +140,9 @@ class _LearnedPolicy(DraftPolicy):
         self.needs_target_state = needs_target_state(spec)
         self.hist = RoundHistory()
         self.check_seconds = check_cost(self.name, model, spec, reps=10)
-        self._score: tuple[int, float] = (-1, 1.0)
 
     def reset(self) -> None:
         self.hist.reset()
-        self._score = (-1, 1.0)
 
     def update(self, state: DraftState, result: RoundResult) -> None:
         self.hist.update(result.drafted, result.accepted, result.target_entropy, result.target_margin)
@@ -161,20 +163,27 @@ class PacerPolicy(_LearnedPolicy):
         super().__init__(model, mu, sd, cfg, threshold, min_draft, max_draft)
         self.block = block or model.block
         model.block = self.block
+        self._new_memo()
 
     @torch.inference_mode()
     def block_score(self, state: DraftState) -> float:
         """The layer's score that the draft survives through its last complete block (``P(d_1..d_{b·j}`` all
-        accepted``)``, ``j = ⌊n / b⌋``; 1.0 before the first block), computed once per draft length."""
-        n = state.n - state.n % self.block
-        if n == 0:
-            return 1.0
-        if self._score[0] != n or n != state.n:
-            sub = state if n == state.n else state.prefix(n)
-            h, s = self.inputs(sub)
-            _, blk = self.model(h[None], s[None])
-            self._score = (n, float(torch.sigmoid(blk[0, -1])))
-        return self._score[1]
+        accepted``)``, ``j = ⌊n / b⌋``; 1.0 before the first block). The layer reads each drafted token once: a
+        check feeds only the tokens drafted since the last (:meth:`PreVerifier.extend`); a draft that is not the
+        one it has read starts over."""
+        memo = self._memo
+        if self._memo_of is not state or memo.n > state.n or self._memo_tokens != state.tokens[: memo.n]:
+            memo = self._new_memo(state)
+        if memo.n < state.n:
+            h, s = self.inputs(state, memo.n)
+            logit = self.model.extend(memo, h, s)
+            self._memo_tokens = list(state.tokens[: memo.n])
+            self._score = 1.0 if logit is None else 0.5 * (1.0 + math.tanh(0.5 * logit))  # σ, no overflow
+        return self._score
+
+    def _new_memo(self, state: DraftState | None = None) -> PrefixState:
+        self._memo, self._memo_of, self._memo_tokens, self._score = PrefixState(), state, [], 1.0
+        return self._memo
 
     def should_continue(self, state: DraftState) -> bool:
         if state.n == 0 or state.n % self.block:
@@ -188,7 +197,11 @@ class PacerPolicy(_LearnedPolicy):
 
     def update(self, state: DraftState, result: RoundResult) -> None:
         super().update(state, result)
-        self._score = (-1, 1.0)
+        self._new_memo()
+
+    def reset(self) -> None:
+        super().reset()
+        self._new_memo()
 
     def describe(self) -> str:
         thr = "cost-aware" if self.threshold is None else f"{self.threshold:.2f}"

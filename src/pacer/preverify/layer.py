@@ -24,6 +24,8 @@ token is rejected) exceeds the threshold.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -69,6 +71,51 @@ class PreVerifier(nn.Module):
         zb = z[:, : k * self.block].reshape(B, k, self.block, d)
         block_in = torch.cat([zb[:, :, -1], zb.mean(2)], -1)
         return c, prior + self.block_head(block_in).squeeze(-1)
+
+    def extend(self, memo: PrefixState, hidden: torch.Tensor, scalars: torch.Tensor) -> float | None:
+        """Feed tokens ``n+1..n+r`` of one draft (``hidden [r, D]``, ``scalars [r, S]``) after the ``n`` that
+        ``memo`` holds (updated in place); returns the block logit of the last complete block (``None`` while
+        there is none) - what :meth:`forward` gives for the whole draft, for the cost of ``r`` rows."""
+        n, r = memo.n, hidden.shape[0]
+        e = self.proj_h(self.norm_h(hidden)) + self.proj_s(scalars) + self.pos.weight[n : n + r]
+        heads = self.attn.num_heads
+        q, k, v = nn.functional.linear(self.norm_a(e), self.attn.in_proj_weight, self.attn.in_proj_bias) \
+            .view(r, 3, heads, -1).permute(1, 2, 0, 3)  # each [heads, r, d / heads]
+        memo.k = k if memo.k is None else torch.cat([memo.k, k], 1)
+        memo.v = v if memo.v is None else torch.cat([memo.v, v], 1)
+        mask = None if r == 1 else torch.ones(r, n + r, dtype=torch.bool).tril(n)  # new row j sees keys <= n + j
+        a = nn.functional.scaled_dot_product_attention(q, memo.k, memo.v, attn_mask=mask)
+        z = e + self.attn.out_proj(a.transpose(0, 1).reshape(r, -1))
+        z = z + self.mlp(self.norm_m(z))
+        memo.z = z if memo.z is None else torch.cat([memo.z, z])
+        memo.log_survival += float(nn.functional.logsigmoid(self.token_head(z)).sum())
+        end = memo.n - memo.n % self.block
+        if end == 0:
+            return None
+        survival = min(memo.log_survival if end == memo.n else self._log_survival_to(memo, end), -1e-6)
+        prior = survival - math.log(-math.expm1(survival))
+        zb = memo.z[end - self.block : end]
+        return prior + float(self.block_head(torch.cat([zb[-1], zb.mean(0)])))
+
+    def _log_survival_to(self, memo: PrefixState, end: int) -> float:
+        return float(nn.functional.logsigmoid(self.token_head(memo.z[:end])).sum())
+
+
+class PrefixState:
+    """:meth:`PreVerifier.extend`'s memory of one draft's first ``n`` tokens: the attention's keys and values
+    ``[heads, n, d / heads]``, the contextual states ``z`` ``[n, d]`` and the running log-survival
+    ``Σ_{j<=n} log σ(c_j)``. The layer is causal, so token ``i``'s state never changes once computed: a check after
+    one more drafted token costs one row, not the whole draft again."""
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.z: torch.Tensor | None = None
+        self.log_survival = 0.0
+
+    @property
+    def n(self) -> int:
+        return 0 if self.z is None else self.z.shape[0]
 
 
 class TokenHead(nn.Module):
