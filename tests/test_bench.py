@@ -639,3 +639,30 @@ def test_rule_thresholds_chosen_on_validation_prompts(tmp_path):
                  "--methods", "ar,entropy:threshold=validation", "--validation", str(ckpt)]) == 0
     report = (out / "report.md").read_text()
     assert "threshold of `entropy:threshold=validation`: θ = 2.5 from" in report and "the validation split" in report
+
+
+def test_a_greedy_benchmark_runs_each_rule_at_its_threshold_chosen_on_greedy_validation_rounds(tmp_path):
+    """pacer train records each rule's threshold chosen on the validation split's greedy rounds and on its sampled
+    ones alone (`by_mode`); the bench takes the one of its decoding mode, and says so."""
+    from pacer.bench.methods import validation_thresholds
+    from pacer.preverify.train import rule_thresholds
+
+    def rec(thr):
+        return {"threshold": thr, "predicted_speedup": 2.0, "mean_draft": 3.0}
+
+    rules = rule_thresholds({"entropy": rec(1.0), "cumprob": rec(0.4)}, 30, "runs/x",
+                            {"greedy": {"rounds": 10, "measured": {"entropy": rec(2.5), "cumprob": rec(0.2)}},
+                             "sampled": {"rounds": 20, "measured": {"entropy": rec(0.5), "cumprob": rec(0.6)}}})
+    assert rules["entropy"]["threshold"] == 1.0 and rules["cumprob"]["by_mode"]["sampled"]["threshold"] == 0.6
+    assert "10 greedy rounds" in rules["entropy"]["by_mode"]["greedy"]["chosen"]
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"rules": rules}))
+    assert validation_thresholds(ckpt)["entropy"]["threshold"] == 1.0  # no mode: over all rounds
+    assert validation_thresholds(ckpt, "greedy")["entropy"]["threshold"] == 2.5
+    assert validation_thresholds(ckpt, "sampled")["cumprob"]["threshold"] == 0.6
+    out = tmp_path / "bench"
+    assert main(["bench", "--quick", "--n", "1", "--max-new-tokens", "6", "--no-progress", "--out", str(out),
+                 "--methods", "ar,entropy:threshold=validation", "--validation", str(ckpt)]) == 0
+    report = (out / "report.md").read_text()
+    assert "threshold of `entropy:threshold=validation`: θ = 2.5 from" in report and "10 greedy rounds" in report

@@ -268,7 +268,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from .methods import validation_thresholds
 
         if not chosen:
-            chosen.update(validation_thresholds(args.validation or default_checkpoint("pacer", args.backend)))
+            chosen.update(validation_thresholds(args.validation or default_checkpoint("pacer", args.backend),
+                                                "greedy" if args.temperature == 0 else "sampled"))
         return chosen
 
     specs = parse_methods(methods_text, validation)  # errors before anything is loaded or written

@@ -118,10 +118,11 @@ def _check(name: str, opts: list[tuple[str, object]], raw: str) -> None:
 VALIDATION = "validation"
 
 
-def validation_thresholds(ckpt: Path) -> dict[str, dict]:
+def validation_thresholds(ckpt: Path, mode: str | None = None) -> dict[str, dict]:
     """The training-free rules' thresholds a checkpoint records (``pacer train``: chosen on its collection's
     validation prompts under its costs, :func:`pacer.preverify.train.rule_thresholds`), each with how it was
-    chosen; a checkpoint without them is a one-line error."""
+    chosen; ``mode`` (``greedy`` / ``sampled``): the one chosen on that mode's validation rounds where the
+    checkpoint records it. A checkpoint without them is a one-line error."""
     try:
         cfg = json.loads((Path(ckpt) / "config.json").read_text())
     except (OSError, ValueError) as e:
@@ -130,7 +131,7 @@ def validation_thresholds(ckpt: Path) -> dict[str, dict]:
     if not isinstance(rules, dict) or not rules:
         raise PacerError(f"--validation: {ckpt} records no rule thresholds (a checkpoint trained before pacer train "
                          f"chose them); train one with this pacer and pass it as --validation CKPT")
-    return {k: {**v, "checkpoint": str(ckpt)} for k, v in rules.items()}
+    return {k: {**v, **(v.get("by_mode") or {}).get(mode, {}), "checkpoint": str(ckpt)} for k, v in rules.items()}
 
 
 def parse_methods(text: str, validation: Callable[[], dict[str, dict]] | None = None) -> list[MethodSpec]:

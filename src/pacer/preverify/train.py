@@ -326,16 +326,28 @@ def evaluate(kind: str, model, val: Rounds, mu, sd, block: int, costs: Costs, mi
     return res
 
 
-def rule_thresholds(compared: dict, rounds: int, data: str) -> dict:
+def rule_thresholds(compared: dict, rounds: int, data: str, groups: dict | None = None) -> dict:
     """The training-free rules' thresholds chosen by the fair protocol: each rule's threshold of highest predicted
     speedup on the validation split (held-out collection prompts, never benchmark questions) under the checkpoint's
     costs - as the layer's own threshold is chosen - with how it was chosen (``pacer bench`` runs them as
-    ``rule:threshold=validation`` and says so in its report)."""
+    ``rule:threshold=validation`` and says so in its report). ``groups`` (the validation report's per-group
+    comparisons): each rule also gets ``by_mode``, its threshold chosen the same way on the split's greedy rounds
+    and on its sampled ones alone (a greedy benchmark runs the greedy one: the rules' best, not a compromise)."""
     how = (f"highest predicted speedup on the validation split of {data} ({rounds} rounds of held-out collection "
            f"prompts, never benchmark questions) under the checkpoint's costs, as the layer's threshold")
-    return {rule: {"threshold": compared[rule]["threshold"], "predicted_speedup": compared[rule]["predicted_speedup"],
-                   "mean_draft": compared[rule]["mean_draft"], "chosen": how}
-            for rule in RULES if rule in compared}
+    out = {rule: {"threshold": compared[rule]["threshold"], "predicted_speedup": compared[rule]["predicted_speedup"],
+                  "mean_draft": compared[rule]["mean_draft"], "chosen": how}
+           for rule in RULES if rule in compared}
+    for mode in ("greedy", "sampled"):
+        g = (groups or {}).get(mode)
+        for rule, rec in out.items():
+            if g and rule in g.get("measured", {}):
+                m = g["measured"][rule]
+                rec.setdefault("by_mode", {})[mode] = {
+                    "threshold": m["threshold"], "predicted_speedup": m["predicted_speedup"],
+                    "mean_draft": m["mean_draft"], "rounds": g["rounds"],
+                    "chosen": how.replace(f"({rounds} rounds", f"({g['rounds']} {mode} rounds")}
+    return out
 
 
 def without_scalars(spec: FeatureSpec, names: tuple[str, ...] | list[str]) -> tuple[FeatureSpec, torch.Tensor]:
@@ -476,7 +488,7 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
                   "prompts": int(manifest["prompts_done"])},
         "validation": {k: v for k, v in report.items() if k != "sweep"},
         "sweep": report["sweep"],
-        "rules": rule_thresholds(report["compare"]["measured"], len(va), str(data_dir)),
+        "rules": rule_thresholds(report["compare"]["measured"], len(va), str(data_dir), report.get("groups")),
     }
     if drop_scalars:
         cfg["train"]["dropped_scalars"] = list(drop_scalars)
