@@ -283,6 +283,47 @@ def test_siblings_are_lossless_and_extend_rounds(pairs, kind, monkeypatch):
     assert rep["siblings_proposed"] > 0 and rep["candidate_rounds"] == 0  # proposed, never scored
 
 
+def test_the_sibling_hit_rate_is_learnt_from_every_rejection():
+    """The draft's estimate that its second choice is the target's token is scaled by what the rounds showed:
+    every greedy rejection is one observation (whether or not a sibling was scored there), a runner-up that is
+    never the target's token drives the scale - and the priced chance - towards 0."""
+    from pacer.drafters.phrase import SiblingRate
+
+    rate = SiblingRate()
+    assert rate.ratio == 1.0 and rate.hits_of([0.4, 0.9]) == [0.4, 0.9]
+    for _ in range(20):
+        rate.update(0.5, False)
+    assert rate.ratio == pytest.approx(2.0 / 12.0) and rate.hits_of([0.6])[0] == pytest.approx(0.1)
+    for _ in range(40):
+        rate.update(0.25, True)
+    assert rate.ratio > 1.0 and rate.hits_of([0.9]) == [1.0]
+
+
+@pytest.mark.parametrize("kind", ["close", "random"])
+def test_a_generation_with_siblings_learns_one_observation_per_rejected_round(pairs, kind):
+    dec = pairs[kind]
+    clear_shared_pools()
+    ids = dec.encode(PROMPTS[0])
+    res = dec.generate(ids, "ouroboros", max_new_tokens=40, gamma=4, options={"siblings": 4, "candidates": 0})
+    rep = res.extra["drafter"]
+    st = res.stats
+    rejected = sum(a < d for d, a in zip(st.draft_lengths, st.accepted_counts, strict=True))
+    assert rejected > 0 and rep["sibling_observations"] == rejected
+    if kind == "random":  # an unrelated target: the draft's runner-up is rarely its token
+        assert rep["sibling_hit_ratio"] < 1.0
+    assert rep["siblings_proposed"] > 0
+    from pacer.request import MethodRequest
+
+    req = MethodRequest.of("ouroboros", gamma=4, options={"siblings": 4, "candidates": 0})
+    drafter = dec.make_drafter(req)
+    rate = drafter.sibling_rate
+    rate.PRIOR = 0.0
+    rate.update(10.0, False)  # learnt: the runner-up is never the target's token ...
+    rate.update = lambda raw, hit: None  # ... and this generation teaches it nothing else
+    res = dec.generate(ids, req, max_new_tokens=40, drafter=drafter)
+    assert res.extra["drafter"]["siblings_proposed"] == 0  # priced at nothing: none offered
+
+
 # ---------------------------------------------------------------------------------------------- pool
 def test_pool_stays_within_its_bound_lru():
     pool = PhrasePool(ngram=3, capacity=50, key_len=2)

@@ -54,6 +54,7 @@ import torch
 from ..decoding import Draft, ModelBackend, Proposal
 from ..errors import PacerError
 from ..io import atomic_write_text
+from ..policies.base import DraftState
 from .token import TokenDrafter
 
 SOURCES = ("prompt", "output", "verify", "lookahead")
@@ -257,6 +258,40 @@ def clear_shared_pools() -> None:
     _SHARED.clear()
 
 
+class SiblingRate:
+    """How often the draft's second choice is the target's token where the target rejected its first choice,
+    against the draft's own estimate of that, ``second / (1 - q)`` (optimistic: the draft's runner-up is not the
+    target's): ``ratio`` (the hits over the estimates summed, shrunk towards ``PRIOR`` with ``WEIGHT`` estimated
+    hits) scales the estimates a cost rule prices siblings with. Learnt from every greedy round with a rejection,
+    whether a sibling was scored there or not, for the drafter's life (as its phrase pool)."""
+
+    PRIOR, WEIGHT = 1.0, 2.0
+
+    def __init__(self) -> None:
+        self.estimated = self.hits = 0.0
+        self.observations = 0
+
+    @property
+    def ratio(self) -> float:
+        return (self.hits + self.PRIOR * self.WEIGHT) / (self.estimated + self.WEIGHT)
+
+    def hits_of(self, raw: list[float]) -> list[float]:
+        """The learnt chance per position that the sibling is the target's token, from the draft's estimates."""
+        r = self.ratio
+        return [min(1.0, r * h) for h in raw]
+
+    def update(self, raw: float, hit: bool) -> None:
+        self.estimated += raw
+        self.hits += hit
+        self.observations += 1
+
+
+def sibling_estimates(st: DraftState) -> list[float]:
+    """The draft's estimate per drafted position ``i`` that its second choice is the target's token, given that
+    the target rejects its first: ``second_prob[i] / (1 - prob[i])``."""
+    return [min(1.0, st.second_prob[i] / max(1.0 - st.prob[i], 1e-6)) for i in range(len(st.second_token))]
+
+
 class PhraseDrafter(TokenDrafter):
     """Ouroboros drafter (see the module docstring). Options (registered in :mod:`pacer.methods.phrase`:
     ``Decoder.generate(options=...)`` keys, ``pacer bench`` keys, CLI flags):
@@ -316,6 +351,7 @@ class PhraseDrafter(TokenDrafter):
         self._last: Draft | None = None
         self._branch_keys: list[tuple[Key, Key] | None] = []
         self._seen = 0
+        self.sibling_rate = SiblingRate()
 
     # ----------------------------------------------------------------------------------------------- pool
     def _learn(self, seq: list[int], source: str, **kw) -> None:
@@ -444,7 +480,7 @@ class PhraseDrafter(TokenDrafter):
         st = draft.state
         sib: list[int] = []
         if self.siblings and len(st.second_token) == γ:
-            hits = [min(1.0, st.second_prob[i] / max(1.0 - st.prob[i], 1e-6)) for i in range(γ)]
+            hits = self.sibling_rate.hits_of(sibling_estimates(st))
             sib = sorted(policy.sibling_room(st, hits)[: min(self.siblings, max(left, 0))])
         left -= len(sib)
         found: list[tuple[tuple[Key, Key] | None, list[int]]] = []
@@ -474,6 +510,9 @@ class PhraseDrafter(TokenDrafter):
             return
         if (found := rejection_phrase(tokens, draft.tokens, target_argmax, n, self.pool.key_len)) is not None:
             self._learn(found[0], "verify", first_cont=found[1], partial=True)
+        st = draft.state
+        if self.siblings and st.temperature == 0 and n < len(st.second_token) and n < len(target_argmax):
+            self.sibling_rate.update(sibling_estimates(st)[n], target_argmax[n] == st.second_token[n])
         if draft.branches:
             self.counts["candidate_rounds"] += 1
             self.counts["candidates"] += len(draft.branches)
@@ -511,6 +550,8 @@ class PhraseDrafter(TokenDrafter):
             "candidate_hits_by_source": dict(self.candidate_hits),
             "siblings_proposed": c["siblings"],
             "siblings_accepted": c["siblings_accepted"],
+            "sibling_hit_ratio": round(self.sibling_rate.ratio, 4),
+            "sibling_observations": self.sibling_rate.observations,
             "pool_size": len(self.pool),
             "pool_capacity": self.pool.capacity,
             "pool_by_source": self.pool.counts(),
