@@ -537,6 +537,22 @@ def test_train_records_the_rules_thresholds_chosen_on_validation_prompts(tmp_pat
     assert saved["rules"] == rules
 
 
+def test_train_cli_sets_the_bottleneck_rank_and_the_class_weighting(tmp_path, capsys):
+    """`pacer train --rank R --no-class-weights` trains (and records) a layer with a rank-R hidden-state
+    bottleneck and plain-likelihood losses; by default rank 8 and class-balanced losses."""
+    from pacer.cli import main
+
+    data = synthetic_collection(tmp_path / "data", rounds=100)
+    common = ["train", "--data", str(data), "--block", "1", "--epochs", "1", "--d", "8"]
+    assert main([*common, "--out", str(tmp_path / "a"), "--rank", "4", "--no-class-weights"]) == 0
+    assert main([*common, "--out", str(tmp_path / "b")]) == 0
+    a, b = (json.loads((tmp_path / x / "config.json").read_text()) for x in "ab")
+    assert (a["rank"], a["train"]["class_weighted"]) == (4, False)
+    assert (b["rank"], b["train"]["class_weighted"]) == (8, True)
+    assert load_file(str(tmp_path / "a" / "weights.safetensors"))["model.proj_h.1.weight"].shape == (4, SPEC.hidden_dim)
+    capsys.readouterr()
+
+
 def test_train_takes_a_cost_profile_for_its_thresholds(tmp_path):
     from pacer.preverify.cli import read_costs
     from pacer.profiles import Profile

@@ -21,7 +21,8 @@ PHRASE_OPTIONS = (
     Option("phrases", bool, "ouroboros: draft phrase by phrase (false: token by token, candidates only)",
            to="drafter"),
     Option("siblings", int, "ouroboros: most sibling branches per round - the draft's second choice beside a draft "
-           "token, where the cost rule prices it as paying at the hit rate the drafter learnt (default 0)", to="drafter", minimum=0),
+           "token, where the cost rule prices it as paying at the hit rate the drafter learnt (default 0)",
+           to="drafter", minimum=0),
     Option("tree_size", int, "ouroboros: most tokens one verification scores with the branches (0: no cap)",
            to="drafter", minimum=0),
 )

@@ -93,7 +93,8 @@ def cmd_train(args) -> int:
     check_out_dir(args.out)
     costs = read_costs(args.costs) if args.costs else None
     cfg = train(Path(args.data), Path(args.out), args.kind, args.block, args.epochs, args.seed, args.val_frac,
-                costs, args.min_draft, args.d, args.layers, drop_scalars=args.drop_scalars, ablate=args.ablate)
+                costs, args.min_draft, args.d, args.layers, drop_scalars=args.drop_scalars, ablate=args.ablate,
+                rank=args.rank, weighted=args.class_weights)
     v = cfg["validation"]
     print(json.dumps({"checkpoint": args.out, "kind": args.kind, "block": cfg["block"], "params": cfg["params"],
                       "threshold": cfg["threshold"], **{k: v[k] for k in v if k != "calibration"}}, indent=2))
@@ -152,6 +153,9 @@ def register(sub) -> None:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--val-frac", type=float, default=0.2)
     t.add_argument("--d", type=int, default=64, help="width of the layer")
+    t.add_argument("--rank", type=int, default=8, help="rank of the hidden-state bottleneck (0: a full projection)")
+    t.add_argument("--no-class-weights", dest="class_weights", action="store_false",
+                   help="plain likelihood: no re-weighting of accepted / rejected labels to balance them")
     t.add_argument("--layers", type=_layers, default=None, help="use only these recorded layers (ablation)")
     t.add_argument("--min-draft", type=int, default=1)
     t.add_argument("--drop-scalars", type=_names, default=(), metavar="NAMES",

@@ -422,6 +422,8 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
         raise PacerError(f"unknown kind '{kind}' (use pacer or specdecpp)")
     if block not in (1, 2, 4, 8, 16):
         raise PacerError(f"--block must be one of 1, 2, 4, 8, 16, got {block}")
+    if d < 1 or rank < 0:
+        raise PacerError(f"--d must be >= 1 and --rank >= 0, got {d} and {rank}")
     if not 0.0 < val_frac < 1.0 or epochs < 1:
         raise PacerError(f"--val-frac must be in (0, 1) and --epochs >= 1, got {val_frac} and {epochs}")
     data, manifest = load_dataset(data_dir)
