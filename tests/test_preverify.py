@@ -268,12 +268,13 @@ def test_pacer_drafts_in_whole_blocks(pairs):
     assert set(res.stats.draft_lengths[:-1]) == {4}
 
 
+@pytest.mark.parametrize("context", [True, False])
 @pytest.mark.parametrize("block", [1, 2, 4])
-def test_the_layer_fed_a_few_tokens_at_a_time_scores_as_its_forward_over_the_whole_draft(block):
+def test_the_layer_fed_a_few_tokens_at_a_time_scores_as_its_forward_over_the_whole_draft(block, context):
     """``PreVerifier.extend`` (what a check runs) equals ``forward`` over the draft so far, at every length and
     however the tokens are grouped: the layer is causal, so earlier tokens' states are reused, never recomputed."""
     torch.manual_seed(block)
-    layer = PreVerifier(40, 5, block=block, d=16, heads=2, max_draft=16, rank=4).eval()
+    layer = PreVerifier(40, 5, block=block, d=16, heads=2, max_draft=16, rank=4, context=context).eval()
     torch.nn.init.normal_(layer.block_head.weight)  # a non-zero block head: the pooled block states count too
     h, s = torch.randn(1, 11, 40), torch.randn(1, 11, 5)
     with torch.no_grad():
@@ -537,18 +538,23 @@ def test_train_records_the_rules_thresholds_chosen_on_validation_prompts(tmp_pat
     assert saved["rules"] == rules
 
 
-def test_train_cli_sets_the_bottleneck_rank_and_the_class_weighting(tmp_path, capsys):
-    """`pacer train --rank R --no-class-weights` trains (and records) a layer with a rank-R hidden-state
-    bottleneck and plain-likelihood losses; by default rank 8 and class-balanced losses."""
+def test_train_cli_sets_the_bottleneck_rank_the_class_weighting_and_the_context(tmp_path, capsys):
+    """`pacer train --rank R --no-class-weights --no-context` trains (and records) a layer with a rank-R
+    hidden-state bottleneck, plain-likelihood losses and no attention over the draft; by default rank 8,
+    class-balanced losses and attention."""
     from pacer.cli import main
 
     data = synthetic_collection(tmp_path / "data", rounds=100)
     common = ["train", "--data", str(data), "--block", "1", "--epochs", "1", "--d", "8"]
-    assert main([*common, "--out", str(tmp_path / "a"), "--rank", "4", "--no-class-weights"]) == 0
+    assert main([*common, "--out", str(tmp_path / "a"), "--rank", "4", "--no-class-weights", "--no-context",
+                 "--token-weight", "10"]) == 0
     assert main([*common, "--out", str(tmp_path / "b")]) == 0
     a, b = (json.loads((tmp_path / x / "config.json").read_text()) for x in "ab")
-    assert (a["rank"], a["train"]["class_weighted"]) == (4, False)
-    assert (b["rank"], b["train"]["class_weighted"]) == (8, True)
+    assert (a["rank"], a["train"]["class_weighted"], a["context"]) == (4, False, False)
+    assert (a["train"]["token_loss_weight"], b["train"]["token_loss_weight"]) == (10.0, 0.5)
+    assert (b["rank"], b["train"]["class_weighted"], b.get("context", True)) == (8, True, True)
+    model, *_ = load_checkpoint(tmp_path / "a")
+    assert not model.context  # loaded as trained: no attention
     assert load_file(str(tmp_path / "a" / "weights.safetensors"))["model.proj_h.1.weight"].shape == (4, SPEC.hidden_dim)
     capsys.readouterr()
 

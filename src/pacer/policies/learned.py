@@ -79,7 +79,7 @@ def load_checkpoint(path: Path | str, draft_fingerprint: str | None = None, draf
     S = len(spec.scalar_names)
     if kind == "pacer":
         model = PreVerifier(spec.hidden_dim, S, cfg["block"], cfg["d"], max_draft=spec.max_draft,
-                            rank=cfg.get("rank", 0))
+                            rank=cfg.get("rank", 0), context=cfg.get("context", True))
     elif kind == "specdecpp":
         model = TokenHead(spec.hidden_dim, S, cfg["d"], rank=cfg.get("rank", 0))
     else:

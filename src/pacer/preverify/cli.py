@@ -94,7 +94,7 @@ def cmd_train(args) -> int:
     costs = read_costs(args.costs) if args.costs else None
     cfg = train(Path(args.data), Path(args.out), args.kind, args.block, args.epochs, args.seed, args.val_frac,
                 costs, args.min_draft, args.d, args.layers, drop_scalars=args.drop_scalars, ablate=args.ablate,
-                rank=args.rank, weighted=args.class_weights)
+                rank=args.rank, weighted=args.class_weights, context=args.context, token_weight=args.token_weight)
     v = cfg["validation"]
     print(json.dumps({"checkpoint": args.out, "kind": args.kind, "block": cfg["block"], "params": cfg["params"],
                       "threshold": cfg["threshold"], **{k: v[k] for k in v if k != "calibration"}}, indent=2))
@@ -156,6 +156,11 @@ def register(sub) -> None:
     t.add_argument("--rank", type=int, default=8, help="rank of the hidden-state bottleneck (0: a full projection)")
     t.add_argument("--no-class-weights", dest="class_weights", action="store_false",
                    help="plain likelihood: no re-weighting of accepted / rejected labels to balance them")
+    t.add_argument("--token-weight", type=float, default=0.5,
+                   help="pacer: weight of the per-token conditional loss beside the block-survival loss")
+    t.add_argument("--no-context", dest="context", action="store_false",
+                   help="pacer: no attention over the draft's earlier tokens (an ablation: each token scored from its "
+                        "own features)")
     t.add_argument("--layers", type=_layers, default=None, help="use only these recorded layers (ablation)")
     t.add_argument("--min-draft", type=int, default=1)
     t.add_argument("--drop-scalars", type=_names, default=(), metavar="NAMES",

@@ -32,9 +32,12 @@ from torch import nn
 
 class PreVerifier(nn.Module):
     def __init__(self, hidden_dim: int, n_scalars: int, block: int = 4, d: int = 64, heads: int = 2,
-                 max_draft: int = 32, rank: int = 0, dropout: float = 0.0) -> None:
+                 max_draft: int = 32, rank: int = 0, dropout: float = 0.0, context: bool = True) -> None:
         super().__init__()
         self.block = block
+        #: False: no attention over the earlier draft tokens (each token's score from its own features; the
+        #: block score still multiplies the survival and pools the block)
+        self.context = context
         self.norm_h = nn.LayerNorm(hidden_dim)
         # rank > 0: a low-rank bottleneck for the hidden states (regularises: ~1k training rounds vs 1.8k dims)
         self.proj_h = nn.Sequential(nn.Dropout(dropout), nn.Linear(hidden_dim, rank), nn.Linear(rank, d)) if rank \
@@ -54,10 +57,11 @@ class PreVerifier(nn.Module):
         """``[B, m, D], [B, m, S] -> [B, m, d]`` contextual token states (causal over the draft)."""
         m = hidden.shape[1]
         e = self.proj_h(self.norm_h(hidden)) + self.proj_s(scalars) + self.pos(torch.arange(m, device=hidden.device))
-        mask = torch.triu(torch.ones(m, m, dtype=torch.bool, device=hidden.device), 1)
-        a, _ = self.attn(self.norm_a(e), self.norm_a(e), self.norm_a(e), attn_mask=mask, need_weights=False)
-        z = e + a
-        return z + self.mlp(self.norm_m(z))
+        if self.context:
+            mask = torch.triu(torch.ones(m, m, dtype=torch.bool, device=hidden.device), 1)
+            a, _ = self.attn(self.norm_a(e), self.norm_a(e), self.norm_a(e), attn_mask=mask, need_weights=False)
+            e = e + a
+        return e + self.mlp(self.norm_m(e))
 
     def forward(self, hidden: torch.Tensor, scalars: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Conditional token logits ``[B, m]`` and block logits ``[B, m // block]``."""
@@ -77,15 +81,16 @@ class PreVerifier(nn.Module):
         ``memo`` holds (updated in place); returns the block logit of the last complete block (``None`` while
         there is none) - what :meth:`forward` gives for the whole draft, for the cost of ``r`` rows."""
         n, r = memo.n, hidden.shape[0]
-        e = self.proj_h(self.norm_h(hidden)) + self.proj_s(scalars) + self.pos.weight[n : n + r]
-        heads = self.attn.num_heads
-        q, k, v = nn.functional.linear(self.norm_a(e), self.attn.in_proj_weight, self.attn.in_proj_bias) \
-            .view(r, 3, heads, -1).permute(1, 2, 0, 3)  # each [heads, r, d / heads]
-        memo.k = k if memo.k is None else torch.cat([memo.k, k], 1)
-        memo.v = v if memo.v is None else torch.cat([memo.v, v], 1)
-        mask = None if r == 1 else torch.ones(r, n + r, dtype=torch.bool).tril(n)  # new row j sees keys <= n + j
-        a = nn.functional.scaled_dot_product_attention(q, memo.k, memo.v, attn_mask=mask)
-        z = e + self.attn.out_proj(a.transpose(0, 1).reshape(r, -1))
+        z = self.proj_h(self.norm_h(hidden)) + self.proj_s(scalars) + self.pos.weight[n : n + r]
+        if self.context:
+            heads = self.attn.num_heads
+            q, k, v = nn.functional.linear(self.norm_a(z), self.attn.in_proj_weight, self.attn.in_proj_bias) \
+                .view(r, 3, heads, -1).permute(1, 2, 0, 3)  # each [heads, r, d / heads]
+            memo.k = k if memo.k is None else torch.cat([memo.k, k], 1)
+            memo.v = v if memo.v is None else torch.cat([memo.v, v], 1)
+            mask = None if r == 1 else torch.ones(r, n + r, dtype=torch.bool).tril(n)  # row j sees keys <= n + j
+            a = nn.functional.scaled_dot_product_attention(q, memo.k, memo.v, attn_mask=mask)
+            z = z + self.attn.out_proj(a.transpose(0, 1).reshape(r, -1))
         z = z + self.mlp(self.norm_m(z))
         memo.z = z if memo.z is None else torch.cat([memo.z, z])
         memo.log_survival += float(nn.functional.logsigmoid(self.token_head(z)).sum())

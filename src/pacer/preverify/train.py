@@ -175,12 +175,13 @@ def _normaliser(r: Rounds) -> tuple[torch.Tensor, torch.Tensor]:
 
 def fit(kind: str, train: Rounds, block: int, epochs: int, seed: int, lr: float = 2e-3, d: int = 64,
         log=print, weighted: bool = True, token_weight: float = 0.5, rank: int = 0, dropout: float = 0.0,
-        weight_decay: float = 1e-2) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+        weight_decay: float = 1e-2, context: bool = True) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     """Train a ``pacer`` PreVerifier or a ``specdecpp`` TokenHead; returns the model and the scalar normaliser."""
     torch.manual_seed(seed)
     mu, sd = _normaliser(train)
     D, S, M = train.hidden.shape[2], train.scalars.shape[2], train.hidden.shape[1]
-    model = PreVerifier(D, S, block, d, max_draft=M, rank=rank, dropout=dropout) if kind == "pacer" else \
+    model = PreVerifier(D, S, block, d, max_draft=M, rank=rank, dropout=dropout, context=context) \
+        if kind == "pacer" else \
         TokenHead(D, S, d, rank=rank, dropout=dropout)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
@@ -409,7 +410,8 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
           val_frac: float = 0.2, costs: Costs | None = None, min_draft: int = 1, d: int = 64,
           hidden_layers: tuple[int, ...] | None = None, log=print, weighted: bool = True,
           token_weight: float = 0.5, rank: int = 8, dropout: float = 0.5, weight_decay: float = 0.05,
-          check_seconds: float | None = None, drop_scalars: tuple[str, ...] = (), ablate: tuple[str, ...] = ()) -> dict:
+          check_seconds: float | None = None, drop_scalars: tuple[str, ...] = (), ablate: tuple[str, ...] = (),
+          context: bool = True) -> dict:
     """Train, evaluate and save one checkpoint; returns its config (with the validation report).
 
     The cost of one policy check enters the cost model that picks the threshold; it is measured on this machine
@@ -422,8 +424,8 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
         raise PacerError(f"unknown kind '{kind}' (use pacer or specdecpp)")
     if block not in (1, 2, 4, 8, 16):
         raise PacerError(f"--block must be one of 1, 2, 4, 8, 16, got {block}")
-    if d < 1 or rank < 0:
-        raise PacerError(f"--d must be >= 1 and --rank >= 0, got {d} and {rank}")
+    if d < 1 or rank < 0 or token_weight < 0:
+        raise PacerError(f"--d must be >= 1, --rank and --token-weight >= 0, got {d}, {rank} and {token_weight}")
     if not 0.0 < val_frac < 1.0 or epochs < 1:
         raise PacerError(f"--val-frac must be in (0, 1) and --epochs >= 1, got {val_frac} and {epochs}")
     data, manifest = load_dataset(data_dir)
@@ -456,7 +458,7 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
         tr, va = replace(tr, scalars=tr.scalars[..., keep]), replace(va_raw, scalars=va_raw.scalars[..., keep])
     t0 = time.perf_counter()
     model, mu, sd = fit(kind, tr, block, epochs, seed, d=d, log=log, weighted=weighted, token_weight=token_weight,
-                        rank=rank, dropout=dropout, weight_decay=weight_decay)
+                        rank=rank, dropout=dropout, weight_decay=weight_decay, context=context)
     secs = time.perf_counter() - t0
     check = check_cost(kind, model, spec) if check_seconds is None else check_seconds
     costs = Costs(costs.draft, costs.target, check)
@@ -464,7 +466,7 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
     baseline = fit_features_only((tr.scalars - mu) / sd, y_t, mask, seed=seed)
     report = evaluate(kind, model, va, mu, sd, block, costs, min_draft, baseline, raw_names, va_raw.scalars)
     fit_kw = {"d": d, "weighted": weighted, "token_weight": token_weight, "rank": rank, "dropout": dropout,
-              "weight_decay": weight_decay}
+              "weight_decay": weight_decay, "context": context}
     ablated = ablation(kind, tr, va, spec, groups, report, block, epochs, seed, costs, min_draft, log, **fit_kw) \
         if groups else None
     cfg = {
@@ -474,6 +476,7 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
         "block": block if kind == "pacer" else 1,
         "d": d,
         "rank": rank,
+        **({"context": False} if kind == "pacer" and not context else {}),
         "params": param_count(model),
         "check_seconds": check,
         "check_cost_vs_draft_token": round(check / costs.draft, 5),
