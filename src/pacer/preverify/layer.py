@@ -88,7 +88,7 @@ class PreVerifier(nn.Module):
                 .view(r, 3, heads, -1).permute(1, 2, 0, 3)  # each [heads, r, d / heads]
             memo.k = k if memo.k is None else torch.cat([memo.k, k], 1)
             memo.v = v if memo.v is None else torch.cat([memo.v, v], 1)
-            mask = None if r == 1 else torch.ones(r, n + r, dtype=torch.bool).tril(n)  # row j sees keys <= n + j
+            mask = None if r == 1 else torch.ones(r, n + r, dtype=torch.bool, device=z.device).tril(n)  # j: <= n + j
             a = nn.functional.scaled_dot_product_attention(q, memo.k, memo.v, attn_mask=mask)
             z = z + self.attn.out_proj(a.transpose(0, 1).reshape(r, -1))
         z = z + self.mlp(self.norm_m(z))
