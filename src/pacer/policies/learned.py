@@ -101,17 +101,20 @@ def check_cost(kind: str, model: torch.nn.Module, spec: FeatureSpec, reps: int =
     import statistics
 
     m = spec.max_draft if kind == "pacer" else 1
-    state = DraftState(tokens=[0] * m, prob=[0.5] * m, top_prob=[0.6] * m, entropy=[1.0] * m)
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")  # where the layer runs
     h = torch.randn(m, spec.hidden_dim, device=device)
     hist = RoundHistory()
     times = []
     for _ in range(reps):
-        memo = PrefixState()
+        memo, state = PrefixState(), DraftState()
         t = time.perf_counter()
-        for i in range(m):
-            s = scalar_features(state.prefix(i + 1), spec, hist, i).to(device)
+        for i in range(m):  # the draft grows token by token, as in a round
+            state.tokens.append(0)
+            state.prob.append(0.5)
+            state.top_prob.append(0.6)
+            state.entropy.append(1.0)
+            s = scalar_features(state, spec, hist, i).to(device)
             if kind == "pacer":
                 model.extend(memo, h[i : i + 1], s)
             else:

@@ -93,30 +93,29 @@ class PreVerifier(nn.Module):
             z = z + self.attn.out_proj(a.transpose(0, 1).reshape(r, -1))
         z = z + self.mlp(self.norm_m(z))
         memo.z = z if memo.z is None else torch.cat([memo.z, z])
-        memo.log_survival += float(nn.functional.logsigmoid(self.token_head(z)).sum())
+        for c in nn.functional.logsigmoid(self.token_head(z)).flatten().tolist():
+            memo.log_survival.append((memo.log_survival[-1] if memo.log_survival else 0.0) + c)
         end = memo.n - memo.n % self.block
         if end == 0:
             return None
-        survival = min(memo.log_survival if end == memo.n else self._log_survival_to(memo, end), -1e-6)
+        survival = min(memo.log_survival[end - 1], -1e-6)
         prior = survival - math.log(-math.expm1(survival))
         zb = memo.z[end - self.block : end]
         return prior + float(self.block_head(torch.cat([zb[-1], zb.mean(0)])))
 
-    def _log_survival_to(self, memo: PrefixState, end: int) -> float:
-        return float(nn.functional.logsigmoid(self.token_head(memo.z[:end])).sum())
 
 
 class PrefixState:
     """:meth:`PreVerifier.extend`'s memory of one draft's first ``n`` tokens: the attention's keys and values
     ``[heads, n, d / heads]``, the contextual states ``z`` ``[n, d]`` and the running log-survival
-    ``Σ_{j<=n} log σ(c_j)``. The layer is causal, so token ``i``'s state never changes once computed: a check after
-    one more drafted token costs one row, not the whole draft again."""
+    ``Σ_{j<=i} log σ(c_j)`` at every ``i <= n``. The layer is causal, so token ``i``'s state never changes once
+    computed: a check after one more drafted token costs one row, not the whole draft again."""
 
     def __init__(self) -> None:
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
         self.z: torch.Tensor | None = None
-        self.log_survival = 0.0
+        self.log_survival: list[float] = []  # Σ_{j<=i} log σ(c_j) for i = 1..n
 
     @property
     def n(self) -> int:
