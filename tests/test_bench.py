@@ -404,6 +404,26 @@ def test_questions_file_end_to_end(tmp_path):
     assert (out / "answers.jsonl").read_text() == before
 
 
+def test_resume_may_grow_the_question_set_but_never_drop_a_question(tmp_path, capsys):
+    """A resumed run with a larger --n answers the new questions and keeps the old answers; one that would drop an
+    answered question is refused and appends nothing."""
+    out = tmp_path / "o"
+    argv = ["bench", "--quick", "--max-new-tokens", "4", "--no-progress", "--methods", "ar,sd:gamma=2",
+            "--out", str(out)]
+    assert main([*argv, "--n", "1"]) == 0
+    first = (out / "answers.jsonl").read_text()
+    assert main([*argv, "--n", "2", "--resume"]) == 0
+    grown = (out / "answers.jsonl").read_text()
+    assert grown.startswith(first)
+    recs, _ = rec_io.read_answers(out / "answers.jsonl")
+    assert len({r["question_id"] for r in recs}) == 2 and len(recs) == 4
+    assert len(json.loads((out / "run.json").read_text())["questions"]) == 2
+    capsys.readouterr()
+    assert main([*argv, "--n", "1", "--resume"]) == 2
+    assert "without quick/" in capsys.readouterr().err
+    assert (out / "answers.jsonl").read_text() == grown
+
+
 def test_a_run_json_changed_by_hand_is_refused(tmp_path, capsys):
     out = tmp_path / "o"
     argv = ["bench", "--quick", "--n", "1", "--max-new-tokens", "4", "--no-progress", "--methods", "ar,sd",

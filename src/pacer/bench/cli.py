@@ -291,13 +291,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     check_out_dir(out)
     previous = _read_meta(out)
     if args.resume and previous.get("questions") is not None:
-        asked = [q.key for q in questions]
-        if set(asked) != set(previous["questions"]):
-            new = [k for k in asked if k not in set(previous["questions"])]
+        asked = {q.key for q in questions}  # the set may grow (a larger --n), never lose a question
+        if lost := [k for k in previous["questions"] if k not in asked]:
             raise PacerError(f"--resume: {out} answers another question set ({len(previous['questions'])} questions; "
-                             f"this command asks {len(asked)}" + (f", e.g. {new[0]} is new" if new else "")
-                             + "); resume with the run's own questions (its command is in run.json) or use another "
-                               "--out")
+                             f"this command asks {len(asked)}, without {lost[0]}); resume with the run's own "
+                             f"questions or a superset of them (its command is in run.json) or use another --out")
     if args.resume and previous.get("cpu_identity"):
         from ..machine import cpu_identity, describe_cpu
 
