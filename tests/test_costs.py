@@ -324,8 +324,16 @@ def test_candidate_branches_pay_like_draft_tokens():
         pol.S, pol.spent = [0.9, 0.8, 0.7][:drafted], drafted * costs.draft
         return pol.branch_room(drafted)
 
-    assert room(FLAT, drafted=0) == 0
     assert room(LINEAR) == 0
+    # nothing drafted: a pool's continuation of the committed text, its yield learnt apart from the branches'
+    assert room(FLAT, drafted=0) >= 8 and room(LINEAR, drafted=0) == 0
+    assert room(FLAT, yield_=0.0, drafted=0) >= 8  # the yield after a draft does not price it ...
+    gentle = Costs(draft=0.03, target={1: 0.3, 17: 0.348})  # a scored token costs 1% of a forward
+    pol = CostAwarePolicy(FixedPolicy(gamma=4), gentle)
+    assert pol.branch_room(0) >= 8
+    pol.memory.pool_update(1000, 0)
+    assert pol.branch_room(0) == 0  # ... its own does
+    assert FixedPolicy(gamma=4).branch_room(0) == 0  # no cost model: none where nothing was drafted
     assert room(FLAT) >= 8  # FLAT: c_t(17) is 1.1 c_t(1)
     assert room(FLAT, yield_=0.0) == 0  # branches that never yield stop being scored
     dear_tree = Costs(FLAT.draft, FLAT.target, tree={k: 2 * FLAT.target_cost(k) for k in (2, 4, 8, 17)})
@@ -338,6 +346,9 @@ def test_candidate_branches_pay_like_draft_tokens():
     assert d.branches == [[3, 4, 5], [6]] and ids == [0, 1, 2, 3, 4, 5, 6]
     ids, tree = d.tree_inputs([0], room=3, total=0)
     assert d.branches == [] and tree is None
+    d = Draft([1, 2], None, DraftState(), branches=[[3, 4, 5]])
+    ids, tree = d.tree_inputs([0], room=3, total=4)
+    assert ids == [0, 1, 2, 3, 4, 5] and tree is None  # one branch after d_γ is a chain: no tree mask
 
 
 def test_sibling_branches_pay_like_draft_tokens():

@@ -166,3 +166,44 @@ def test_phrase_pool_catches_up_with_rounds_that_drafted_nothing():
     ref = PhraseDrafter(FakeBackend(2), t.vocab_size, warm_start=False, candidates=0, sources="prompt")
     ref._sync(PROMPT)
     assert set(ref.pool.entries) <= set(dr.pool.entries)
+
+
+class Cycle(FakeBackend):
+    """A target that continues the cycle 1..5 (whatever it saw last), so that the prompt's n-grams predict it."""
+
+    def _row(self, seen):
+        row = super()._row(seen) * 0.1
+        row[seen[-1] % 5 + 1] += 10.0
+        return row
+
+
+def _pool_round(costs: Costs):
+    t = MeteredBackend(Cycle(1), TARGET)
+    d = MeteredBackend(Slow(2, agree_with=1, agree=0.8), DRAFT)
+    dr = PhraseDrafter(d, t.vocab_size, warm_start=False, candidates=1, sources="prompt,output")
+    stats = GenerationStats()
+    pol = CostAwarePolicy(Never(), costs, refine=0.0)
+    ids = speculative_generate(t, dr, pol, PROMPT, Output(24, set()), SamplingConfig(), stats)
+    return ids, stats, dr, d
+
+
+def test_where_the_draft_drafts_nothing_pool_continuations_are_scored_only_where_they_pay():
+    """A round whose draft model drafts nothing gets the pool's continuation of the committed text where the cost
+    rule prices it as paying (flat curve): no draft forward, the output is plain decoding's, and the target emits it
+    in fewer forwards; where a scored token costs a forward (linear curve) the rounds are plain steps and the pool
+    is never touched."""
+    plain = GenerationStats()
+    t = MeteredBackend(Cycle(1), TARGET)
+    ref = autoregressive_generate(t, PROMPT, Output(24, set()), SamplingConfig(), plain)
+    flat = Costs(draft=0.03, target={1: 0.3, 8: 0.3, 17: 0.33})
+    ids, stats, dr, d = _pool_round(flat)
+    assert ids == ref
+    assert stats.draft_forwards == 0 and d.length == 0
+    rep = dr.report()
+    assert rep["pool_rounds"] > 0 and rep["pool_accepted_tokens"] > 0
+    assert stats.target_calls < plain.target_calls
+    linear = Costs(draft=0.03, target={1: 0.3, 2: 0.6, 4: 1.2, 8: 2.4})
+    ids, stats, dr, d = _pool_round(linear)
+    assert ids == ref and stats.draft_forwards == 0
+    assert [(c.k, c.context) for c in stats.calls] == [(c.k, c.context) for c in plain.calls]
+    assert len(dr.pool) == 0 and dr.report()["pool_rounds"] == 0

@@ -84,7 +84,8 @@ def speculative_generate(
             #    after d_γ or beside a draft token, as a tree, where they pay); p[i] is the target's distribution
             #    for d_{i+1} (p[γ]: bonus)
             pending = tokens[target.length :]
-            room = min(out.remaining, target.context - len(tokens)) - 1 - γ if sampling.greedy and γ else 0
+            room = min(out.remaining, target.context - len(tokens)) - 1 - γ \
+                if sampling.greedy and (γ or draft.branches) else 0
             ids, tree = draft.tree_inputs(pending, room, policy.branch_room(γ) if room > 0 else 0,
                                           siblings=target.sibling_branches)
             scores, _ = target.forward(ids, tree=tree, keep=len(ids) - len(pending) + 1)
@@ -103,7 +104,7 @@ def speculative_generate(
             target.crop(keep)
             drafter.rollback(keep)
             t2 = time.perf_counter()
-            if γ:  # a round that drafted nothing teaches a drafter nothing
+            if γ or draft.branches:  # a round that proposed nothing teaches a drafter nothing
                 drafter.observe(tokens, logits.argmax(-1).tolist(), n)
             t3 = time.perf_counter()
             # 5. commit token by token (EOS / stop strings / max_new_tokens inside the block end the output exactly)

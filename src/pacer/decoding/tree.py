@@ -66,6 +66,8 @@ class Draft:
         ids = pending + self.tokens
         if not self.branches:
             return ids, None
+        if len(kept) == 1 and kept[0][1] == γ:  # one branch after d_γ: a causal chain, no tree mask needed
+            return ids + kept[0][0], None
         main, n = len(ids), len(ids) + sum(len(b) for b in self.branches)
         attend = torch.zeros(n, n, dtype=torch.bool, device="cpu")  # host data: the backend moves it
         attend[:main, :main] = torch.ones(main, main, dtype=torch.bool, device="cpu").tril()  # a causal main chain

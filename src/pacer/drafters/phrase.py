@@ -39,6 +39,13 @@ all ``γ`` draft tokens are accepted the longest matching branch extends the rou
 are not kept in the target's cache (it is cropped to the main draft) but re-fed with the next round's
 forward: target cost is flat in the number of new tokens on this CPU, so this costs ~nothing and keeps the
 rollback a plain crop.
+
+**Pool rounds** (greedy, ``candidates`` > 0). Where the policy drafts nothing (e.g. the cost rule at a long context,
+where a draft token is dear), the pool's continuations of the committed text are still verified after the pending
+token when the policy prices them as paying (``branch_room(0)``: the cost rule with its own learnt yield for such
+branches; never on a curve where a scored token costs a forward, never without a cost model): the round makes no
+draft forward, and a matching continuation is committed as an extension. Otherwise a round that drafts nothing does
+no pool work at all.
 """
 
 from __future__ import annotations
@@ -388,6 +395,8 @@ class PhraseDrafter(TokenDrafter):
         self.counts["draft_forwards"] += draft.forwards
         if sampling.greedy and (self.candidates or self.siblings) and draft.tokens:
             self._timed(self._add_candidates, tokens, draft, policy)
+        elif sampling.greedy and self.candidates and not draft.tokens and budget > 0 and policy.branch_room(0) > 0:
+            self._timed(self._pool_candidates, tokens, draft)
         draft.pool_time = self._pool_seconds
         self._last = draft
         return draft
@@ -504,9 +513,36 @@ class PhraseDrafter(TokenDrafter):
         self._branch_keys = keys
         self.counts["siblings"] += len(sib)
 
+    def _pool_candidates(self, tokens: list[int], draft: Draft) -> None:
+        """A round whose draft model drafts nothing, where the policy prices pool continuations as paying
+        (:meth:`pacer.policies.DraftPolicy.branch_room` of 0, e.g. a flat verification curve and a draft model too
+        dear to run): up to ``candidates`` continuations of the committed text from the pool, each at most
+        ``candidate_len`` tokens, within ``tree_size``, verified after the pending token (one alone is a chain).
+        The pool catches up with the committed tokens first; no draft forward."""
+        self._sync(tokens)
+        left = self.tree_size - 1 if self.tree_size else 1 << 30
+        branches, keys = [], []
+        for kc in self.pool.lookup(tokens, self.candidates):
+            b = list(kc[1][: min(self.candidate_len, left)])
+            if b:
+                branches.append(b)
+                keys.append(kc)
+                left -= len(b)
+        draft.branches, draft.anchors = branches, [0] * len(branches)
+        self._branch_keys = keys
+        self._leftover = []
+
     def observe(self, tokens: list[int], target_argmax: list[int], accepted: int) -> None:
         draft, n = self._last, accepted
         if draft is None:
+            return
+        if not draft.tokens:  # a round of pool continuations alone (_pool_candidates)
+            if draft.branches:
+                self.counts["pool_rounds"] += 1
+                self.counts["pool_tokens"] += sum(len(b) for b in draft.branches)
+                self.counts["pool_accepted_tokens"] += len(draft.extension)
+                if draft.extension and 0 <= draft.branch < len(self._branch_keys):
+                    self.candidate_hits[self.pool.touch(*self._branch_keys[draft.branch])] += 1
             return
         if (found := rejection_phrase(tokens, draft.tokens, target_argmax, n, self.pool.key_len)) is not None:
             self._learn(found[0], "verify", first_cont=found[1], partial=True)
@@ -548,6 +584,9 @@ class PhraseDrafter(TokenDrafter):
             if c["candidate_rounds"] else 0.0,
             "phrase_hits_by_source": dict(self.phrase_hits),
             "candidate_hits_by_source": dict(self.candidate_hits),
+            "pool_rounds": c["pool_rounds"],
+            "pool_tokens_proposed": c["pool_tokens"],
+            "pool_accepted_tokens": c["pool_accepted_tokens"],
             "siblings_proposed": c["siblings"],
             "siblings_accepted": c["siblings_accepted"],
             "sibling_hit_ratio": round(self.sibling_rate.ratio, 4),

@@ -157,8 +157,9 @@ class DraftPolicy:
 
     def branch_room(self, drafted: int) -> int:
         """How many candidate-branch tokens (Ouroboros) the target may score after a draft of ``drafted`` tokens;
-        unbounded unless a cost model says otherwise."""
-        return 1 << 30
+        unbounded unless a cost model says otherwise. After a draft of nothing (a phrase pool's continuation of the
+        committed text in a round where the draft model drafts nothing): none unless a cost model prices them."""
+        return 1 << 30 if drafted > 0 else 0
 
     def sibling_room(self, state: DraftState, hits: list[float]) -> list[int]:
         """Which draft positions get a sibling branch (greedy): ``i`` - the draft's second choice for ``d_{i+1}``,

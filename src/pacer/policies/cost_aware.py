@@ -112,6 +112,7 @@ class CostMemory:
         self.hits = [prior * alpha] * (positions + 1)
         self.trials = [prior] * (positions + 1)
         self.branch_offered = self.branch_gained = 0.0  # candidate-branch tokens scored / accepted
+        self.pool_offered = self.pool_gained = 0.0  # the same for branches in rounds that drafted nothing
 
     def alpha(self, i: int = 1) -> float:
         """``α_i``; a position seen rarely leans on the one before it (its prior is ``α_{i-1}``, weight
@@ -134,6 +135,15 @@ class CostMemory:
     def branch_update(self, offered: int, gained: int) -> None:
         self.branch_offered += offered
         self.branch_gained += gained
+
+    def pool_yield(self) -> float:
+        """:meth:`branch_yield` of the branches scored in rounds where the draft model drafted nothing (a phrase
+        pool's continuations of the committed text): learnt apart, as they are read in other rounds."""
+        return (self.pool_gained + self.BRANCH_PRIOR * self.BRANCH_WEIGHT) / (self.pool_offered + self.BRANCH_WEIGHT)
+
+    def pool_update(self, offered: int, gained: int) -> None:
+        self.pool_offered += offered
+        self.pool_gained += gained
 
     def update(self, raw: list[float | None], drafted: int, accepted: int) -> None:
         self.calibrator.update(raw[:drafted], accepted)
@@ -247,16 +257,22 @@ class CostAwarePolicy(DraftPolicy):
         throughput ``(E_γ + S_γ · y · b) / (T_γ + c_tree(γ + 1 + b) - c_t(γ + 1))``, where a branch token is
         only read when all ``γ`` draft tokens survive (``S_γ``) and then yields ``y`` accepted tokens (learned
         from the verdicts, :meth:`CostMemory.branch_yield`); 0 when no ``b`` beats none (where verification costs
-        ``∝ k``, or a tree forward takes a dearer kernel). Nothing drafted: no branches."""
+        ``∝ k``, or a tree forward takes a dearer kernel). Nothing drafted (``γ = 0``, a phrase pool's
+        continuation of the committed text): ``E = 1``, ``T = c_t(1)``, every branch read, its yield learnt apart
+        (:meth:`CostMemory.pool_yield`); the wrapped policy's bound does not apply (it prices nothing here)."""
         if drafted <= 0:
-            return 0
+            E, base = 1.0, self.costs.target_cost(1)
+            return self._best_branch(E, base, base, self.memory.pool_yield(), 1, self.MAX_BRANCH)
         cap = min(self.inner.branch_room(drafted), self.MAX_BRANCH)
         S = self.S[:drafted] + [self.S[-1] if self.S else 1.0] * (drafted - len(self.S))
         E = 1.0 + sum(S)
         k = drafted + 1
         base = self.costs.target_cost(k)
         T = max(self.spent, drafted * (self.costs.draft + self.costs.policy_per_check)) + base
-        gain = S[-1] * self.memory.branch_yield()
+        return self._best_branch(E, T, base, S[-1] * self.memory.branch_yield(), k, cap)
+
+    def _best_branch(self, E: float, T: float, base: float, gain: float, k: int, cap: int) -> int:
+        """The ``b <= cap`` maximising ``(E + gain · b) / (T + c_tree(k + b) - base)`` (0: none beats the round)."""
         best, best_rate = 0, E / T
         for b in range(1, cap + 1):
             rate = (E + gain * b) / (T + self.costs.tree_cost(k + b) - base)
@@ -310,7 +326,7 @@ class CostAwarePolicy(DraftPolicy):
         self.inner.update(state, result)
         γ, n = result.drafted, result.accepted
         if result.branched and n == γ:  # the branches were read: what they yielded
-            self.memory.branch_update(result.branched, result.extended)
+            (self.memory.branch_update if γ else self.memory.pool_update)(result.branched, result.extended)
         self.rounds += 1
         self.zero_rounds += γ == 0
         if γ:
