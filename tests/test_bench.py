@@ -620,6 +620,21 @@ def test_quick_profile_clock(tmp_path, capsys):
     assert 0 < ov["sd:gamma=3"]["own_over_wall"] and ov["sd:gamma=3"]["overhead_per_round"] > 0
     report = (out / "report.md").read_text()
     assert "profile clock" in report and "a slow flat machine" in report and "| wall speedup |" in report
+    # the phrase drafter's counters are kept per turn and summed per method in the summary and the report
+    reps = [rep for r in recs if r["method"] == "ouroboros" for rep in r["choices"][0]["drafter"]]
+    assert len(reps) == 2 and all("pool_rounds" in rep for rep in reps)
+    assert not any("drafter" in r["choices"][0] for r in recs if r["method"] != "ouroboros")
+    tot = summary["drafters"]["ouroboros"]
+    assert set(summary["drafters"]) == {"ouroboros"}
+    assert tot["draft_tokens"] == sum(rep["draft_tokens"] for rep in reps) > 0
+    assert tot["pool_rounds"] == sum(rep["pool_rounds"] for rep in reps)
+    assert "## Phrase drafting" in report and "| ouroboros | " in report
+    # a resume must decide with the run's own costs: without --costs (or with another profile) it is refused
+    before = (out / "answers.jsonl").read_text()
+    capsys.readouterr()
+    assert main([*argv[:-2], "--n", "3", "--resume"]) == 2
+    assert "was run with --costs" in capsys.readouterr().err
+    assert (out / "answers.jsonl").read_text() == before
     # another pair's profile: one line, exit 2, before anything is written
     other = Profile("other", {}, backend, "torch", {**t, "fingerprint": "x" * 64}, d, {32: {1: 0.1}}, {},
                     {32: {1: 0.01}})

@@ -296,6 +296,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise PacerError(f"--resume: {out} answers another question set ({len(previous['questions'])} questions; "
                              f"this command asks {len(asked)}, without {lost[0]}); resume with the run's own "
                              f"questions or a superset of them (its command is in run.json) or use another --out")
+    if args.resume and previous:  # what the methods decide with must not change between segments
+        was = (previous.get("profile_clock") or {}).get("file")
+        now = str(args.costs) if args.costs else None
+        if was != now or (was and previous["profile_clock"].get("profile") != args.profile.describe()):
+            raise PacerError(f"--resume: {out} was run with " + (f"--costs {was}" if was else "no --costs")
+                             + " (the cost rule decides with it), this run has "
+                             + (f"--costs {now}" if now else "none") + "; pass the run's own --costs (its command "
+                             "is in run.json) or use another --out")
+
+        def by_label(notes: list[str] | None) -> dict[str, str]:
+            return {n.split("`")[1]: n for n in notes or [] if n.count("`") >= 2}
+
+        old_t, new_t = by_label(previous.get("thresholds")), by_label(args.threshold_notes)
+        if changed := [k for k in old_t if k in new_t and old_t[k] != new_t[k]]:
+            raise PacerError(f"--resume: {out} ran {changed[0]} at another validation threshold (run.json "
+                             f"'thresholds'); pass the run's own --validation checkpoint or use another --out")
     if args.resume and previous.get("cpu_identity"):
         from ..machine import cpu_identity, describe_cpu
 

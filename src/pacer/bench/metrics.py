@@ -197,6 +197,26 @@ def divergences(records: list[dict]) -> list[dict]:
     return out
 
 
+#: the counters of a phrase drafter's report (pacer.drafters.phrase.PhraseDrafter.report) the report sums
+DRAFTER_COUNTS = ("rounds", "draft_tokens", "draft_forwards", "phrase_tokens", "candidate_rounds",
+                  "candidate_tokens_proposed", "candidate_accepted_tokens", "pool_rounds", "pool_tokens_proposed",
+                  "pool_accepted_tokens", "siblings_proposed", "siblings_accepted")
+
+
+def drafter_totals(records: list[dict]) -> dict[str, dict[str, int]]:
+    """Per method, the phrase drafter's counters summed over every recorded turn (methods whose drafter reports
+    none are left out)."""
+    out: dict[str, dict[str, int]] = {}
+    for r in records:
+        for rep in r["choices"][0].get("drafter") or []:
+            if not rep or "pool_rounds" not in rep:
+                continue
+            tot = out.setdefault(r["method"], dict.fromkeys(DRAFTER_COUNTS, 0))
+            for k in DRAFTER_COUNTS:
+                tot[k] += int(rep.get(k, 0))
+    return out
+
+
 def summarize(records: list[dict], methods: list[str] | None = None, clock: str = "wall") -> dict:
     """Everything the report shows: per group and method stats, draft-length distributions, divergences. With
     ``clock="profile"`` the speedups and tokens/s are the profile clock's and the wall clock's are kept as
@@ -226,4 +246,5 @@ def summarize(records: list[dict], methods: list[str] | None = None, clock: str 
         "draft_length_histograms": {m: {str(k): v for k, v in h.items()} for m, h in hists.items()},
         "draft_length_summary": {m: distribution_summary(h) for m, h in hists.items()},
         "divergences": divergences(records),
+        "drafters": drafter_totals(records),
     }

@@ -246,6 +246,21 @@ def markdown(summary: dict, meta: dict) -> str:
             L.append(f"| {m} | {d['rounds']} | {d['mean']:.2f} | {d['median']:.1f} | {d['p10']:.1f} | "
                      f"{d['p90']:.1f} | {d['share_0']:.1%} | {d['share_ge_16']:.1%} |")
         L.append("")
+    if summary.get("drafters"):
+        L.append("## Phrase drafting (the drafter's counters, all turns)\n")
+        L.append("Draft tokens per draft forward (phrases checked in one forward); candidate branches after a draft; "
+                 "*pool rounds*: rounds whose draft model drafted nothing and whose pool continuation was scored "
+                 "(priced as paying); siblings: the draft's second choice beside a draft token.\n")
+        L.append("| method | rounds | draft tokens / forward | candidate rounds | candidate tokens scored / accepted "
+                 "| pool rounds | pool tokens scored / accepted | siblings scored / accepted |")
+        L.append("|---|---|---|---|---|---|---|---|")
+        for m, t in summary["drafters"].items():
+            per = t["draft_tokens"] / t["draft_forwards"] if t["draft_forwards"] else 0.0
+            L.append(f"| {m} | {t['rounds']} | {per:.2f} | {t['candidate_rounds']} | "
+                     f"{t['candidate_tokens_proposed']} / {t['candidate_accepted_tokens']} | {t['pool_rounds']} | "
+                     f"{t['pool_tokens_proposed']} / {t['pool_accepted_tokens']} | "
+                     f"{t['siblings_proposed']} / {t['siblings_accepted']} |")
+        L.append("")
     L.append("## Plots\n")
     for p in PLOTS:
         L.append(f"![{p}]({p})")

@@ -38,6 +38,7 @@ class TurnOut:
     prompt_ids: list[int] = field(default_factory=list)
     calls: list = field(default_factory=list)  # the forwards (pacer.decoding.meter.Call); none for hf-assisted
     parts: dict = field(default_factory=dict)  # the wall time's breakdown (GenerationStats.breakdown)
+    drafter: dict | None = None  # the drafter's report (GenerationResult.extra["drafter"]), where it gives one
 
 
 def run_turn(dec, spec: MethodSpec, ids: list[int], max_new_tokens: int,
@@ -57,7 +58,7 @@ def run_turn(dec, spec: MethodSpec, ids: list[int], max_new_tokens: int,
     st = res.stats
     return TurnOut(list(res.token_ids), res.text, st.wall_time, [n + 1 for n in st.accepted_counts],
                    list(st.draft_lengths), st.target_calls, st.draft_forwards, st.finish_reason, list(ids),
-                   list(st.calls), st.breakdown())
+                   list(st.calls), st.breakdown(), res.extra.get("drafter"))
 
 
 def turn_sampling(sampling: SamplingConfig | None, q: Question, repeat: int, turn: int) -> SamplingConfig | None:
@@ -156,6 +157,7 @@ def make_record(q: Question, spec: MethodSpec, repeat: int, outs: list[TurnOut])
             # every forward ([role, k, context, tree, seconds, rows]) and the wall time's parts, per turn
             "calls": [[c.to_list() for c in o.calls] for o in outs],
             "breakdown": [{k: round(v, 6) for k, v in o.parts.items()} for o in outs],
+            **({"drafter": [o.drafter for o in outs]} if any(o.drafter for o in outs) else {}),
         }],
         "lossless": None,
         "divergence": None,
