@@ -349,6 +349,17 @@ def test_candidate_branches_pay_like_draft_tokens():
     d = Draft([1, 2], None, DraftState(), branches=[[3, 4, 5]])
     ids, tree = d.tree_inputs([0], room=3, total=4)
     assert ids == [0, 1, 2, 3, 4, 5] and tree is None  # one branch after d_γ is a chain: no tree mask
+    # a long unread span (a prompt's prefill): no tree mask over it - the first branch after d_γ alone, as a chain
+    long = list(range(10, 10 + Draft.TREE_PENDING + 1))
+    d = Draft([1, 2], None, DraftState(), branches=[[3, 4], [6, 7], [9]], anchors=[2, 2, 0])
+    ids, tree = d.tree_inputs(long, room=3)
+    assert ids == [*long, 1, 2, 3, 4] and tree is None and d.branches == [[3, 4]]
+    d = Draft([1, 2], None, DraftState(), branches=[[9]], anchors=[0])
+    ids, tree = d.tree_inputs(long, room=3)
+    assert ids == [*long, 1, 2] and tree is None and d.branches == []
+    d = Draft([1, 2], None, DraftState(), branches=[[3, 4], [6, 7]])
+    ids, tree = d.tree_inputs(long[: Draft.TREE_PENDING], room=3)
+    assert tree is not None and d.branches == [[3, 4], [6, 7]]  # a short one keeps its tree
 
 
 def test_sibling_branches_pay_like_draft_tokens():
