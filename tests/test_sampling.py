@@ -375,3 +375,33 @@ def test_sampling_config_validation():
 def test_warp_matches_the_definitions(cfg):
     logits = torch.randn(6, 40, generator=torch.Generator().manual_seed(3)) * 3
     np.testing.assert_allclose(warp(logits, cfg).double().numpy(), reference_warp(logits.numpy(), cfg), atol=1e-6)
+
+
+def test_draw_samples_the_weights_exactly_and_never_a_zero():
+    """``draw`` (inverse transform on a float64 cumulative sum) has the law of ``torch.multinomial``: unnormalised
+    weights with zeros and a tiny mass, 100,000 draws; a zero weight is never drawn. Negative controls: the same
+    inverse transform without scaling the uniform by the total, and one off by one in the search."""
+    from pacer.sampling import draw
+
+    w = torch.tensor([0.9, 0.0, 0.6, 0.003, 0.3, 0.75, 0.0, 0.15, 0.3, 0.0003])  # sums to 3.0033
+    p = (w / w.sum()).numpy().astype(np.float64)
+    gen = torch.Generator().manual_seed(11)
+    n = 100_000
+    counts = np.bincount([draw(w, gen) for _ in range(n)], minlength=len(w))
+    assert counts[p == 0].sum() == 0
+    assert chi2_pvalue(counts, p) > ALPHA
+
+    def unscaled(weights, g):
+        c = torch.cumsum(weights, 0, dtype=torch.float64)
+        u = torch.rand(1, generator=g, dtype=torch.float64)
+        return min(int(torch.searchsorted(c, u, right=True)), c.numel() - 1)
+
+    def shifted(weights, g):  # an off-by-one in the search
+        c = torch.cumsum(weights, 0, dtype=torch.float64)
+        u = torch.rand(1, generator=g, dtype=torch.float64) * c[-1]
+        return min(int(torch.searchsorted(c, u, right=True)) + 1, c.numel() - 1)
+
+    for broken in (unscaled, shifted):
+        gen = torch.Generator().manual_seed(11)
+        bad = np.bincount([broken(w, gen) for _ in range(20_000)], minlength=len(w))
+        assert bad[p == 0].sum() > 0 or chi2_pvalue(bad, p) <= ALPHA
