@@ -68,15 +68,12 @@ class Draft:
                 if b:
                     cut.append((b, a))
             kept = cut
+        if len(pending) > self.TREE_PENDING and (len(kept) > 1 or (kept and kept[0][1] != γ)):
+            kept = [(b, a) for b, a in kept if a == γ][:1]  # the first branch after d_γ alone, as a chain
         self.branches, self.anchors = [b for b, _ in kept], [a for _, a in kept]
         ids = pending + self.tokens
         if not self.branches:
             return ids, None
-        if len(pending) > self.TREE_PENDING and (len(kept) > 1 or kept[0][1] != γ):
-            kept = [(b, a) for b, a in kept if a == γ][:1]  # the first branch after d_γ alone, as a chain
-            self.branches, self.anchors = [b for b, _ in kept], [a for _, a in kept]
-            if not kept:
-                return ids, None
         if len(kept) == 1 and kept[0][1] == γ:  # one branch after d_γ: a causal chain, no tree mask needed
             return ids + kept[0][0], None
         main, n = len(ids), len(ids) + sum(len(b) for b in self.branches)

@@ -498,20 +498,26 @@ class PhraseDrafter(TokenDrafter):
         firsts = {b[0] for _, b in found}
         if self.candidates > len(found):
             found += [(kc, list(kc[1])) for kc in self.pool.lookup(ctx, self.candidates - len(found), firsts)]
-        branches: list[list[int]] = []
-        keys: list[tuple[Key, Key] | None] = []
-        for kc, b in found:
-            b = b[: min(self.candidate_len, left)]
-            if b:
-                branches.append(b)
-                keys.append(kc)
-                left -= len(b)
+        branches, keys = self._fit(found, left)
         self._leftover = []
         # siblings last: where the loop drops them (a backend without such trees), the others keep their index
         draft.branches = branches + [[st.second_token[i]] for i in sib]
         draft.anchors = [γ] * len(branches) + sib
         self._branch_keys = keys
         self.counts["siblings"] += len(sib)
+
+    def _fit(self, found: list, left: int) -> tuple[list[list[int]], list[tuple[Key, Key] | None]]:
+        """The ``(pool entry or None, tokens)`` continuations in ``found``, each cut to ``candidate_len`` and all
+        together to ``left`` tokens: ``(branches, their pool entries)``."""
+        branches: list[list[int]] = []
+        keys: list[tuple[Key, Key] | None] = []
+        for kc, b in found:
+            b = list(b[: min(self.candidate_len, left)])
+            if b:
+                branches.append(b)
+                keys.append(kc)
+                left -= len(b)
+        return branches, keys
 
     def _pool_candidates(self, tokens: list[int], draft: Draft) -> None:
         """A round whose draft model drafts nothing, where the policy prices pool continuations as paying
@@ -521,13 +527,7 @@ class PhraseDrafter(TokenDrafter):
         The pool catches up with the committed tokens first; no draft forward."""
         self._sync(tokens)
         left = self.tree_size - 1 if self.tree_size else 1 << 30
-        branches, keys = [], []
-        for kc in self.pool.lookup(tokens, self.candidates):
-            b = list(kc[1][: min(self.candidate_len, left)])
-            if b:
-                branches.append(b)
-                keys.append(kc)
-                left -= len(b)
+        branches, keys = self._fit([(kc, kc[1]) for kc in self.pool.lookup(tokens, self.candidates)], left)
         draft.branches, draft.anchors = branches, [0] * len(branches)
         self._branch_keys = keys
         self._leftover = []

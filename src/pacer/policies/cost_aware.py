@@ -129,8 +129,11 @@ class CostMemory:
     def branch_yield(self) -> float:
         """Accepted tokens per candidate-branch token the target scored in rounds whose whole draft survived
         (shrunk towards :attr:`BRANCH_PRIOR`)."""
-        return (self.branch_gained + self.BRANCH_PRIOR * self.BRANCH_WEIGHT) / \
-            (self.branch_offered + self.BRANCH_WEIGHT)
+        return self._shrunk(self.branch_gained, self.branch_offered)
+
+    @classmethod
+    def _shrunk(cls, gained: float, offered: float) -> float:
+        return (gained + cls.BRANCH_PRIOR * cls.BRANCH_WEIGHT) / (offered + cls.BRANCH_WEIGHT)
 
     def branch_update(self, offered: int, gained: int) -> None:
         self.branch_offered += offered
@@ -139,7 +142,7 @@ class CostMemory:
     def pool_yield(self) -> float:
         """:meth:`branch_yield` of the branches scored in rounds where the draft model drafted nothing (a phrase
         pool's continuations of the committed text): learnt apart, as they are read in other rounds."""
-        return (self.pool_gained + self.BRANCH_PRIOR * self.BRANCH_WEIGHT) / (self.pool_offered + self.BRANCH_WEIGHT)
+        return self._shrunk(self.pool_gained, self.pool_offered)
 
     def pool_update(self, offered: int, gained: int) -> None:
         self.pool_offered += offered
