@@ -114,7 +114,7 @@ def verify_sampling(
 ) -> tuple[int, int]:
     """Rejection-sampling rule: ``(n, token)`` where ``token`` is the residual sample or the bonus token."""
     if not draft:  # ``q`` may be None then
-        return 0, int(torch.multinomial(_on(p[0], gen), 1, generator=gen))
+        return 0, draw(p[0], gen)
     p, q = _on(p, gen), _on(q, gen)
     pd, qd = _at(draft, p, q)
     cpu = gen.device.type == "cpu"
@@ -126,9 +126,8 @@ def verify_sampling(
         residual = (p[i] - q[i]).clamp_min(0.0)
         total = float(residual.sum())
         # total == 0 only when p == q up to rounding, where rejection has probability ~0: fall back to p.
-        dist = residual / total if total > 0 else p[i]
-        return i, int(torch.multinomial(dist, 1, generator=gen))
-    return len(draft), int(torch.multinomial(p[len(draft)], 1, generator=gen))
+        return i, draw(residual if total > 0 else p[i], gen)
+    return len(draft), draw(p[len(draft)], gen)
 
 
 def _at(draft: list[int], *probs: torch.Tensor) -> list[list[float]]:
