@@ -87,7 +87,8 @@ def draw(weights: torch.Tensor, gen: torch.Generator) -> int:
     """One index drawn with probability proportional to the non-negative ``weights`` (``[V]``, not necessarily
     normalised) by inverse transform: one uniform ``u`` from ``gen``, and the first index whose float64 cumulative
     sum exceeds ``u`` times the total (a zero weight is never drawn). The law of ``torch.multinomial(weights, 1)``
-    at a fraction of its time on a CPU (2.3 ms for 152k ids on 2 cores, once per drafted token when sampling)."""
+    at a fraction of its time on a CPU (0.11 ms against 2.2 ms for 152k ids on a 2-core Zen 5; once per drafted
+    token when sampling)."""
     c = torch.cumsum(_on(weights, gen), 0, dtype=torch.float64)
     u = torch.rand(1, generator=gen, device=gen.device, dtype=torch.float64) * c[-1]
     return min(int(torch.searchsorted(c, u, right=True)), c.numel() - 1)

@@ -68,7 +68,7 @@ class Draft:
                 if b:
                     cut.append((b, a))
             kept = cut
-        if len(pending) > self.TREE_PENDING and (len(kept) > 1 or (kept and kept[0][1] != γ)):
+        if len(pending) > self.TREE_PENDING:
             kept = [(b, a) for b, a in kept if a == γ][:1]  # the first branch after d_γ alone, as a chain
         self.branches, self.anchors = [b for b, _ in kept], [a for _, a in kept]
         ids = pending + self.tokens
