@@ -243,6 +243,28 @@ def random_policy(kind: str, block: int = 2, threshold: float = 0.5, seed: int =
     return cls(model.eval(), torch.zeros(S), torch.ones(S), cfg)
 
 
+def test_a_checkpoints_check_cost_is_measured_once_per_process(monkeypatch):
+    """A policy is built for every generation; the cost of its check (the cost rule's c_p) is measured the first
+    time only, so requests do not each pay the measurement nor decide with a re-measured c_p; another checkpoint
+    (its weights) or block size is measured anew."""
+    import pacer.policies.learned as learned
+
+    calls = []
+    monkeypatch.setattr(learned, "_CHECK_SECONDS", {})
+    monkeypatch.setattr(learned, "check_cost", lambda kind, model, spec, reps=30: calls.append(kind) or 1e-3 * len(
+        calls))
+    spec = FeatureSpec((-2, -1), 8, 8)
+    S = len(spec.scalar_names)
+    cfg = {"feature_spec": spec.to_dict(), "threshold": 0.5, "min_draft": 1, "weights_sha256": "a"}
+
+    def policy(block=1, sha="a"):
+        return PacerPolicy(PreVerifier(spec.hidden_dim, S, block, 16, max_draft=8).eval(), torch.zeros(S),
+                           torch.ones(S), {**cfg, "weights_sha256": sha})
+
+    assert [policy().check_seconds for _ in range(3)] == [1e-3] * 3 and len(calls) == 1
+    assert policy(block=2).check_seconds == 2e-3 and policy(sha="b").check_seconds == 3e-3 and len(calls) == 3
+
+
 @pytest.mark.parametrize("kind", ["pacer", "specdecpp"])
 @pytest.mark.parametrize("threshold", [0.0, 0.3, 0.5, 1.0])
 def test_learned_policies_are_lossless_greedy(pairs, kind, threshold):

@@ -219,7 +219,10 @@ class CostAwarePolicy(DraftPolicy):
 
     def _survival(self, state: DraftState) -> None:
         """Extend ``S`` (and the raw scores ``raw``, ``None`` where the policy has none) to ``state.n`` entries;
-        positions the loop did not ask about (below ``min_draft``) get the score of the first one asked."""
+        positions the loop did not ask about (below ``min_draft``) get the score of the first one asked. The
+        wrapped policy is asked only where ``S`` is short (a layer's score costs a check)."""
+        if len(self.S) >= state.n:
+            return
         raw = self.inner.survival(state)
         while len(self.S) < state.n:
             i = len(self.S) + 1
@@ -326,15 +329,15 @@ class CostAwarePolicy(DraftPolicy):
         return min(best, self.inner.phrase_room(fed, accept))
 
     def update(self, state: DraftState, result: RoundResult) -> None:
-        self.inner.update(state, result)
         γ, n = result.drafted, result.accepted
+        if γ:  # before the wrapped policy forgets the round (a layer's memo of the draft it has read)
+            self._survival(state)
+            self.memory.update(self.raw, γ, n)
+        self.inner.update(state, result)
         if result.branched and n == γ:  # the branches were read: what they yielded
             (self.memory.branch_update if γ else self.memory.pool_update)(result.branched, result.extended)
         self.rounds += 1
         self.zero_rounds += γ == 0
-        if γ:
-            self._survival(state)
-            self.memory.update(self.raw, γ, n)
         if self.rounds > 1 and self.refine:
             r = self.refine
             if result.draft_forwards and result.draft_seconds > 0 and self.base.draft > 0:

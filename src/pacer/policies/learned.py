@@ -96,8 +96,8 @@ def load_checkpoint(path: Path | str, draft_fingerprint: str | None = None, draf
 @torch.inference_mode()
 def check_cost(kind: str, model: torch.nn.Module, spec: FeatureSpec, reps: int = 30) -> float:
     """Median seconds of one policy check as the policy runs it: building one token's scalar features and feeding
-    it to the layer after the draft's earlier tokens (PACER: :meth:`PreVerifier.extend`, averaged over a draft of
-    ``max_draft`` tokens) or scoring it alone (SpecDec++)."""
+    it to the layer after the draft's earlier tokens (PACER: :meth:`PreVerifier.extend`, averaged over a draft
+    of ``max_draft`` tokens) or scoring it alone (SpecDec++)."""
     import statistics
 
     m = spec.max_draft if kind == "pacer" else 1
@@ -123,6 +123,12 @@ def check_cost(kind: str, model: torch.nn.Module, spec: FeatureSpec, reps: int =
     return statistics.median(times)
 
 
+#: :func:`check_cost` measured once per process for each (kind, weights, block, features): a policy is built for
+#: every generation, and re-measuring (~20 ms on a 2-core CPU) would cost each request that and let the cost
+#: rule's ``c_p`` - and so its decisions - drift between identical requests
+_CHECK_SECONDS: dict[tuple, float] = {}
+
+
 class _LearnedPolicy(DraftPolicy):
     """Shared parts: the feature spec, the scalar normaliser, the round history."""
 
@@ -142,7 +148,10 @@ class _LearnedPolicy(DraftPolicy):
         self.hidden_layers = spec.hidden_layers
         self.needs_target_state = needs_target_state(spec)
         self.hist = RoundHistory()
-        self.check_seconds = check_cost(self.name, model, spec, reps=10)
+        key = (self.name, cfg.get("weights_sha256") or id(model), getattr(model, "block", 1), spec)
+        if key not in _CHECK_SECONDS:
+            _CHECK_SECONDS[key] = check_cost(self.name, model, spec, reps=10)
+        self.check_seconds = _CHECK_SECONDS[key]
 
     def reset(self) -> None:
         self.hist.reset()
