@@ -676,6 +676,39 @@ def test_rule_thresholds_chosen_on_validation_prompts(tmp_path):
     assert "threshold of `entropy:threshold=validation`: θ = 2.5 from" in report and "the validation split" in report
 
 
+def test_the_layer_runs_at_its_own_threshold_chosen_on_validation_rounds_of_the_benchmark_mode(tmp_path):
+    """`pacer:threshold=validation` runs the layer at the threshold its checkpoint records for the benchmark's
+    decoding mode (pacer train: chosen on the validation split's greedy / sampled rounds, as the rules' are), a
+    literal threshold (the cost rule off, as for the rules), loading that very checkpoint; another checkpoint is
+    refused, since the threshold is the checkpoint's own."""
+    from pacer.bench.methods import validation_thresholds
+    from pacer.preverify.train import layer_thresholds
+
+    def layer(thr):
+        return {"layer": {"threshold": thr, "predicted_speedup": 2.0, "mean_draft": 3.0}}
+
+    by_mode = layer_thresholds({"greedy": {"rounds": 10, "measured": layer(0.7)},
+                                "sampled": {"rounds": 20, "measured": layer(0.6)}}, "runs/x")
+    assert by_mode["greedy"]["threshold"] == 0.7 and "20 sampled rounds" in by_mode["sampled"]["chosen"]
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({
+        "kind": "pacer", "threshold": 0.65, "threshold_by_mode": by_mode, "train": {"data": "runs/x", "rounds_val": 30},
+        "rules": {"cumprob": {"threshold": 0.4, "chosen": "the validation split"}}}))
+    assert validation_thresholds(ckpt)["pacer"]["threshold"] == 0.65  # no mode: over all rounds
+    assert validation_thresholds(ckpt, "greedy")["pacer"]["threshold"] == 0.7
+    chosen = validation_thresholds(ckpt, "sampled")
+    assert chosen["pacer"]["threshold"] == 0.6 and chosen["cumprob"]["threshold"] == 0.4
+    specs = parse_methods("pacer:threshold=validation,cumprob:threshold=validation", lambda: chosen)
+    assert specs[1].label == f"pacer:path={ckpt}:threshold=validation"
+    req = specs[1].request()
+    assert req.policy_options["threshold"] == 0.6 and not req.aware
+    assert parse_methods(f"pacer:path={ckpt}:threshold=validation", lambda: chosen)[1].request() \
+        .policy_options["threshold"] == 0.6
+    with pytest.raises(PacerError, match="validation threshold is .*'s own"):
+        parse_methods(f"pacer:path={tmp_path / 'other'}:threshold=validation", lambda: chosen)
+
+
 def test_a_greedy_benchmark_runs_each_rule_at_its_threshold_chosen_on_greedy_validation_rounds(tmp_path):
     """pacer train records each rule's threshold chosen on the validation split's greedy rounds and on its sampled
     ones alone (`by_mode`); the bench takes the one of its decoding mode, and says so."""

@@ -558,6 +558,14 @@ def test_train_records_the_rules_thresholds_chosen_on_validation_prompts(tmp_pat
         assert f"vs_{rule}" in measured
     saved = json.loads((tmp_path / "ckpt" / "config.json").read_text())
     assert saved["rules"] == rules
+    # the layer's own threshold, over all validation rounds and per decoding mode, chosen by the same sweep
+    assert measured["layer"]["threshold"] == cfg["threshold"]
+    groups = cfg["validation"]["groups"]
+    assert set(saved["threshold_by_mode"]) == {"greedy", "sampled"} & set(groups) != set()
+    for mode, chosen in saved["threshold_by_mode"].items():
+        assert chosen["threshold"] == round(groups[mode]["measured"]["layer"]["threshold"], 5)
+        assert chosen["predicted_speedup"] == groups[mode]["measured"]["layer"]["predicted_speedup"]
+        assert f"{groups[mode]['rounds']} {mode} rounds" in chosen["chosen"]
 
 
 def test_train_cli_sets_the_bottleneck_rank_the_class_weighting_and_the_context(tmp_path, capsys):

@@ -119,10 +119,11 @@ VALIDATION = "validation"
 
 
 def validation_thresholds(ckpt: Path, mode: str | None = None) -> dict[str, dict]:
-    """The training-free rules' thresholds a checkpoint records (``pacer train``: chosen on its collection's
-    validation prompts under its costs, :func:`pacer.preverify.train.rule_thresholds`), each with how it was
-    chosen; ``mode`` (``greedy`` / ``sampled``): the one chosen on that mode's validation rounds where the
-    checkpoint records it. A checkpoint without them is a one-line error."""
+    """The thresholds a checkpoint records, each with how it was chosen (``pacer train``: on its collection's
+    validation prompts under its costs): the training-free rules' (:func:`pacer.preverify.train.rule_thresholds`)
+    and the layer's own, under the checkpoint's kind (``pacer`` / ``specdecpp``); ``mode`` (``greedy`` /
+    ``sampled``): the one chosen on that mode's validation rounds where the checkpoint records it. A checkpoint
+    without rule thresholds is a one-line error."""
     try:
         cfg = json.loads((Path(ckpt) / "config.json").read_text())
     except (OSError, ValueError) as e:
@@ -131,7 +132,24 @@ def validation_thresholds(ckpt: Path, mode: str | None = None) -> dict[str, dict
     if not isinstance(rules, dict) or not rules:
         raise PacerError(f"--validation: {ckpt} records no rule thresholds (a checkpoint trained before pacer train "
                          f"chose them); train one with this pacer and pass it as --validation CKPT")
-    return {k: {**v, **(v.get("by_mode") or {}).get(mode, {}), "checkpoint": str(ckpt)} for k, v in rules.items()}
+    out = {k: {**v, **(v.get("by_mode") or {}).get(mode, {}), "checkpoint": str(ckpt)} for k, v in rules.items()}
+    if cfg.get("kind") in ("pacer", "specdecpp") and "threshold" in cfg:
+        val = cfg.get("train", {})
+        how = (f"highest predicted speedup on the validation split of {val.get('data', 'its collection')} "
+               f"({val.get('rounds_val', '?')} rounds of held-out collection prompts, never benchmark questions) "
+               f"under the checkpoint's costs")
+        out[cfg["kind"]] = {"threshold": cfg["threshold"], "chosen": how,
+                            **(cfg.get("threshold_by_mode") or {}).get(mode, {}), "checkpoint": str(ckpt),
+                            "layer": True}
+    return out
+
+
+def _same_checkpoint(raw: str, path: str, ckpt: str) -> None:
+    """``pacer:threshold=validation`` runs the threshold chosen for the checkpoint ``--validation`` names, so the
+    method must load that checkpoint."""
+    if Path(path).resolve() != Path(ckpt).resolve():
+        raise PacerError(f"method '{raw}': the validation threshold is {ckpt}'s own, but the method loads {path}; "
+                         f"pass path={ckpt} or --validation {path}")
 
 
 def parse_methods(text: str, validation: Callable[[], dict[str, dict]] | None = None) -> list[MethodSpec]:
@@ -161,6 +179,11 @@ def parse_methods(text: str, validation: Callable[[], dict[str, dict]] | None = 
                 if chosen is None:
                     raise PacerError(f"method '{raw}': no validation threshold for {name} (pass --validation CKPT "
                                      f"with a checkpoint that records the rules' thresholds)")
+                if chosen.get("layer"):  # a layer's threshold is its own checkpoint's: it runs that one
+                    if "path" in dict(items):
+                        _same_checkpoint(raw, str(dict(items)["path"]), chosen["checkpoint"])
+                    else:
+                        variants = [[*base, ("path", chosen["checkpoint"])] for base in variants]
                 values = [float(chosen["threshold"])]
             else:
                 o = _option(name, k) if name in methods.names() and methods.get(name).drafts else None

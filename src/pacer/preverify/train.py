@@ -311,7 +311,7 @@ def evaluate(kind: str, model, val: Rounds, mu, sd, block: int, costs: Costs, mi
                                        val.valid.numpy())
 
     def groups(sel: np.ndarray, cst: Costs) -> dict:
-        return compare(lambda c: _sweep(kind, sc[sel], m[sel], csum[sel], block, c, min_draft)[1][2:],
+        return compare(lambda c: _sweep(kind, sc[sel], m[sel], csum[sel], block, c, min_draft)[1][1:],
                        csum[sel], m[sel], raw[sel], scalar_names, {k: v[sel] for k, v in survivals.items()}, cst,
                        min_draft)
 
@@ -348,6 +348,23 @@ def rule_thresholds(compared: dict, rounds: int, data: str, groups: dict | None 
                     "threshold": m["threshold"], "predicted_speedup": m["predicted_speedup"],
                     "mean_draft": m["mean_draft"], "rounds": g["rounds"],
                     "chosen": how.replace(f"({rounds} rounds", f"({g['rounds']} {mode} rounds")}
+    return out
+
+
+def layer_thresholds(groups: dict | None, data: str) -> dict:
+    """The layer's own threshold chosen per decoding mode as :func:`rule_thresholds` chooses the rules' (highest
+    predicted speedup on the validation split's greedy rounds, on its sampled ones), for ``pacer bench``'s
+    ``pacer:threshold=validation``: the layer at its best in each mode, as the rules are."""
+    out = {}
+    for mode in ("greedy", "sampled"):
+        g = (groups or {}).get(mode)
+        layer = (g or {}).get("measured", {}).get("layer")
+        if layer and "threshold" in layer:
+            out[mode] = {"threshold": round(layer["threshold"], 5), "predicted_speedup": layer["predicted_speedup"],
+                         "mean_draft": layer["mean_draft"], "rounds": g["rounds"],
+                         "chosen": f"highest predicted speedup on the validation split of {data} ({g['rounds']} "
+                                   f"{mode} rounds of held-out collection prompts, never benchmark questions) under "
+                                   f"the checkpoint's costs"}
     return out
 
 
@@ -494,6 +511,7 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
         "validation": {k: v for k, v in report.items() if k != "sweep"},
         "sweep": report["sweep"],
         "rules": rule_thresholds(report["compare"]["measured"], len(va), str(data_dir), report.get("groups")),
+        "threshold_by_mode": layer_thresholds(report.get("groups"), str(data_dir)),
     }
     if drop_scalars:
         cfg["train"]["dropped_scalars"] = list(drop_scalars)

@@ -181,13 +181,13 @@ def survival_auc(estimates: dict[str, np.ndarray], hard: np.ndarray, valid: np.n
 
 def compare(layer_lengths, csum: np.ndarray, m: np.ndarray, scalars: np.ndarray, scalar_names: list[str],
             survivals: dict[str, np.ndarray], costs: Costs, min_draft: int = 1) -> dict:
-    """Predicted speedups on the same rounds and costs: the layer as it runs (``layer_lengths(costs) -> (lengths,
-    checks)``, its threshold chosen for these costs), each rule at its best threshold, each per-token survival
+    """Predicted speedups on the same rounds and costs: the layer as it runs (``layer_lengths(costs) -> (threshold,
+    lengths, checks)``, its threshold chosen for these costs), each rule at its best threshold, each per-token survival
     estimate in ``survivals`` (stop after the first token whose estimate falls below a threshold, best threshold:
     e.g. ``features-only`` and the layer's own per-token survival), the best fixed γ and the oracle; plus ``vs_*``
     ratios of the layer's speedup to the others'."""
-    L, checks = layer_lengths(costs)
-    out = {"layer": {"predicted_speedup": round(predicted_speedup(L, csum, costs, checks), 4),
+    thr, L, checks = layer_lengths(costs)
+    out = {"layer": {"threshold": thr, "predicted_speedup": round(predicted_speedup(L, csum, costs, checks), 4),
                      "mean_draft": round(float(L.mean()), 3)}}
     for rule, (feat, how, _) in RULES.items():
         if feat not in scalar_names:
