@@ -180,8 +180,8 @@ def parse_methods(text: str, validation: Callable[[], dict[str, dict]] | None = 
                     raise PacerError(f"method '{raw}': no validation threshold for {name} (pass --validation CKPT "
                                      f"with a checkpoint that records the rules' thresholds)")
                 if chosen.get("layer"):  # a layer's threshold is its own checkpoint's: it runs that one
-                    if "path" in dict(items):
-                        _same_checkpoint(raw, str(dict(items)["path"]), chosen["checkpoint"])
+                    if (path := dict(items).get("path")) is not None:
+                        _same_checkpoint(raw, str(path), chosen["checkpoint"])
                     else:
                         variants = [[*base, ("path", chosen["checkpoint"])] for base in variants]
                 values = [float(chosen["threshold"])]

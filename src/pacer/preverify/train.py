@@ -327,6 +327,26 @@ def evaluate(kind: str, model, val: Rounds, mu, sd, block: int, costs: Costs, mi
     return res
 
 
+def _chosen(data: str, rounds: int, mode: str | None = None) -> str:
+    """How a threshold recorded by :func:`rule_thresholds` / :func:`layer_thresholds` was chosen."""
+    return (f"highest predicted speedup on the validation split of {data} ({rounds} {mode + ' ' if mode else ''}"
+            f"rounds of held-out collection prompts, never benchmark questions) under the checkpoint's costs")
+
+
+def _by_mode(groups: dict | None, name: str, data: str, suffix: str = "") -> dict:
+    """``name``'s threshold chosen on the validation split's greedy rounds and on its sampled ones alone, from the
+    validation report's per-group comparisons (the modes it has)."""
+    out = {}
+    for mode in ("greedy", "sampled"):
+        g = (groups or {}).get(mode)
+        m = (g or {}).get("measured", {}).get(name)
+        if m and "threshold" in m:
+            out[mode] = {"threshold": round(m["threshold"], 5), "predicted_speedup": m["predicted_speedup"],
+                         "mean_draft": m["mean_draft"], "rounds": g["rounds"],
+                         "chosen": _chosen(data, g["rounds"], mode) + suffix}
+    return out
+
+
 def rule_thresholds(compared: dict, rounds: int, data: str, groups: dict | None = None) -> dict:
     """The training-free rules' thresholds chosen by the fair protocol: each rule's threshold of highest predicted
     speedup on the validation split (held-out collection prompts, never benchmark questions) under the checkpoint's
@@ -334,38 +354,22 @@ def rule_thresholds(compared: dict, rounds: int, data: str, groups: dict | None 
     ``rule:threshold=validation`` and says so in its report). ``groups`` (the validation report's per-group
     comparisons): each rule also gets ``by_mode``, its threshold chosen the same way on the split's greedy rounds
     and on its sampled ones alone (a greedy benchmark runs the greedy one: the rules' best, not a compromise)."""
-    how = (f"highest predicted speedup on the validation split of {data} ({rounds} rounds of held-out collection "
-           f"prompts, never benchmark questions) under the checkpoint's costs, as the layer's threshold")
-    out = {rule: {"threshold": compared[rule]["threshold"], "predicted_speedup": compared[rule]["predicted_speedup"],
-                  "mean_draft": compared[rule]["mean_draft"], "chosen": how}
-           for rule in RULES if rule in compared}
-    for mode in ("greedy", "sampled"):
-        g = (groups or {}).get(mode)
-        for rule, rec in out.items():
-            if g and rule in g.get("measured", {}):
-                m = g["measured"][rule]
-                rec.setdefault("by_mode", {})[mode] = {
-                    "threshold": m["threshold"], "predicted_speedup": m["predicted_speedup"],
-                    "mean_draft": m["mean_draft"], "rounds": g["rounds"],
-                    "chosen": how.replace(f"({rounds} rounds", f"({g['rounds']} {mode} rounds")}
+    suffix = ", as the layer's threshold"
+    out = {}
+    for rule in RULES:
+        if rule in compared:
+            c = compared[rule]
+            out[rule] = {"threshold": c["threshold"], "predicted_speedup": c["predicted_speedup"],
+                         "mean_draft": c["mean_draft"], "chosen": _chosen(data, rounds) + suffix}
+            if by_mode := _by_mode(groups, rule, data, suffix):
+                out[rule]["by_mode"] = by_mode
     return out
 
 
 def layer_thresholds(groups: dict | None, data: str) -> dict:
-    """The layer's own threshold chosen per decoding mode as :func:`rule_thresholds` chooses the rules' (highest
-    predicted speedup on the validation split's greedy rounds, on its sampled ones), for ``pacer bench``'s
-    ``pacer:threshold=validation``: the layer at its best in each mode, as the rules are."""
-    out = {}
-    for mode in ("greedy", "sampled"):
-        g = (groups or {}).get(mode)
-        layer = (g or {}).get("measured", {}).get("layer")
-        if layer and "threshold" in layer:
-            out[mode] = {"threshold": round(layer["threshold"], 5), "predicted_speedup": layer["predicted_speedup"],
-                         "mean_draft": layer["mean_draft"], "rounds": g["rounds"],
-                         "chosen": f"highest predicted speedup on the validation split of {data} ({g['rounds']} "
-                                   f"{mode} rounds of held-out collection prompts, never benchmark questions) under "
-                                   f"the checkpoint's costs"}
-    return out
+    """The layer's own threshold chosen per decoding mode as :func:`rule_thresholds` chooses the rules', for
+    ``pacer bench``'s ``pacer:threshold=validation``: the layer at its best in each mode, as the rules are."""
+    return _by_mode(groups, "layer", data)
 
 
 def without_scalars(spec: FeatureSpec, names: tuple[str, ...] | list[str]) -> tuple[FeatureSpec, torch.Tensor]:
