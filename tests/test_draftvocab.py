@@ -14,7 +14,7 @@ from pacer.bench.methods import parse_methods
 from pacer.decoding import TransformersBackend
 from pacer.drafters import TokenDrafter
 from pacer.draftvocab import coverage, frequent_ids, load_or_build, special_ids
-from pacer.policies import FixedPolicy
+from pacer.policies import DRAFT_FEATURES, FixedPolicy
 from test_sampling import ALPHA, PROMPT, SMALL_VOCAB, _decoder, chi2_pvalue, exact_joint
 
 #: every other byte plus the specials (ids 256..258): half the tiny vocabulary
@@ -47,14 +47,20 @@ def test_restricted_head_gives_the_same_logits_on_kept_rows(close):
     assert torch.equal(part.scored_rows(), rows)
 
 
+class Reading(FixedPolicy):
+    """A fixed γ that reads every draft feature (a plain fixed γ reads none, and the drafter computes none)."""
+
+    draft_features = DRAFT_FEATURES
+
+
 def test_drafter_never_proposes_outside_the_rows(close):
     rows = torch.tensor(HALF)
     drafter = TokenDrafter(TransformersBackend(close.draft_info.model, rows), close.vocab)
     drafter.reset()
     ids = close.encode("The 3 quick brown foxes")
-    d = drafter.propose(ids, FixedPolicy(gamma=12), 12, SamplingConfig(), torch.Generator())
+    d = drafter.propose(ids, Reading(gamma=12), 12, SamplingConfig(), torch.Generator())
     assert len(d.tokens) == 12 and set(d.tokens) <= set(HALF) | set(ids)
-    assert all(0 < p <= 1 for p in d.state.prob)
+    assert len(d.state.prob) == 12 and all(0 < p <= 1 for p in d.state.prob)
 
 
 @pytest.mark.parametrize("phrases", [False, True])
@@ -71,7 +77,7 @@ def test_greedy_features_over_the_scored_ids_equal_the_full_rows(close, phrases)
     drafter = make(TransformersBackend(close.draft_info.model, rows))
     ids = close.encode("The 3 quick brown foxes jump over the 3 quick brown")
     drafter.reset()
-    d = drafter.propose(ids, FixedPolicy(gamma=10), 10, SamplingConfig(), torch.Generator())
+    d = drafter.propose(ids, Reading(gamma=10), 10, SamplingConfig(), torch.Generator())
     assert drafter.scored_ids() is not None and len(d.tokens) == 10
     # the same tokens drafted one by one, features over the full row
     ref = TransformersBackend(close.draft_info.model, rows)
@@ -82,7 +88,9 @@ def test_greedy_features_over_the_scored_ids_equal_the_full_rows(close, phrases)
         token_features(q, x, full)
         pending = [x]
     for name in ("prob", "top_prob", "second_prob", "entropy"):
+        assert len(getattr(d.state, name)) == 10, name
         assert getattr(d.state, name) == pytest.approx(getattr(full, name), rel=1e-4, abs=1e-6), name
+    assert d.state.second_token == full.second_token
 
 
 @pytest.mark.parametrize("method", ["sd", "entropy", "heuristic", "oracle", "ouroboros"])

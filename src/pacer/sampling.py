@@ -94,16 +94,27 @@ def draw(weights: torch.Tensor, gen: torch.Generator) -> int:
     return min(int(torch.searchsorted(c, u, right=True)), c.numel() - 1)
 
 
+def argmax(t: torch.Tensor):
+    """``t.argmax(-1).tolist()`` (an int for a ``[V]`` row, a list for ``[k, V]``), through numpy's vectorised argmax
+    for a float32 tensor in CPU memory: about 6 µs for a 152k-id row against torch's ~80 µs on a 2-core Zen 5, paid
+    for every drafted token and every verified row where the vocabulary is scored whole (llama.cpp). The same index
+    either way: the first of equal maxima (a NaN counts as the maximum in both)."""
+    if t.device.type == "cpu" and t.dtype == torch.float32:
+        return t.detach().numpy().argmax(-1).tolist()
+    return t.argmax(-1).tolist()
+
+
 def pick(probs: torch.Tensor, cfg: SamplingConfig, gen: torch.Generator) -> int:
     """The argmax (greedy) or a sample from ``probs`` (``[V]``, :func:`draw`)."""
     if cfg.greedy:
-        return int(probs.argmax())
+        return argmax(probs)
     return draw(probs, gen)
 
 
-def verify_greedy(draft: list[int], target_logits: torch.Tensor) -> tuple[int, int]:
-    """Greedy rule: ``(n, token)`` with ``n`` the longest prefix of ``draft`` equal to the target's argmax."""
-    t = target_logits.argmax(-1).tolist()  # [γ + 1]
+def verify_greedy(draft: list[int], target_logits: torch.Tensor, t: list[int] | None = None) -> tuple[int, int]:
+    """Greedy rule: ``(n, token)`` with ``n`` the longest prefix of ``draft`` equal to the target's argmax (``t``:
+    that argmax per row, where the caller has it already)."""
+    t = argmax(target_logits) if t is None else t  # [γ + 1]
     n = 0
     while n < len(draft) and draft[n] == t[n]:
         n += 1
@@ -143,12 +154,40 @@ def _at(draft: list[int], *probs: torch.Tensor) -> list[list[float]]:
 
 def target_state(logits: torch.Tensor) -> tuple[list[float], list[float]]:
     """Entropy (nats) and top-2 margin of ``softmax(logits)`` per row (temperature 1): ``[k, V] -> k, k`` values,
-    read back in one transfer."""
+    read back in one transfer; float32 rows in CPU memory through numpy (:func:`_target_state_numpy`)."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2:
+        fast = _target_state_numpy(logits.detach().numpy())
+        if fast is not None:
+            return fast
     logp = torch.log_softmax(logits.float(), -1)
-    entropy = -(logp.exp() * logp).sum(-1)
+    entropy = -(logp.exp() * logp.clamp_min(torch.finfo(logp.dtype).min)).sum(-1)  # a masked id: 0 · log 0 = 0
     top2 = logp.topk(2, -1).values.exp()
     out = torch.stack([entropy, top2[:, 0] - top2[:, 1]], 1).tolist()
     return [e for e, _ in out], [m for _, m in out]
+
+
+def _target_state_numpy(a) -> tuple[list[float], list[float]] | None:
+    """:func:`target_state` of float32 rows ``a`` by numpy's vectorised kernels, one exponential per row and no
+    logarithm of it: with ``m`` the top logit, ``d = l - m``, ``e = exp(d)`` and ``Z = Σ e``, the entropy is
+    ``log Z - Σ e·d / Z`` and the top-2 margin ``(1 - exp(l_2 - m)) / Z`` (~0.1 ms a 152k-id row on a 2-core
+    Zen 5 against ~0.4 ms for torch's log-softmax and top-k). ``None`` where a row is not finite (torch's path)."""
+    import numpy as np
+
+    entropy, margin = [], []
+    for row in a:
+        i = int(row.argmax())
+        m = float(row[i])
+        l2 = max(float(row[:i].max()) if i else -math.inf, float(row[i + 1 :].max()) if i + 1 < row.size else -math.inf)
+        d = row - np.float32(m)
+        e = np.exp(d)
+        z = float(e.sum())
+        with np.errstate(invalid="ignore"):  # a masked id (-inf): 0 · -inf, NaN, sends the rows to torch's path
+            h = math.log(z) - float(np.dot(e, d)) / z
+        if not math.isfinite(h):
+            return None
+        entropy.append(max(h, 0.0))
+        margin.append((1.0 - math.exp(l2 - m)) / z)
+    return entropy, margin
 
 
 def acceptance_probs(draft: list[int], q_tokens: list[float], p: torch.Tensor) -> list[float]:

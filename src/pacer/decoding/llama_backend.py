@@ -173,23 +173,22 @@ class LlamaCppBackend(ModelBackend):
             self._lib.llama_set_embeddings(self._ctx, hidden)
             self._embeddings = hidden
         seqs, chain = self._tree_seqs(tree, n) if tree is not None else (None, n)
-        rows: list[np.ndarray] = []
-        states: list[np.ndarray] = []
+        # each output row is copied once, straight from llama.cpp's buffer into the tensor returned
+        logits = np.empty((keep, self.vocab_size), np.float32)
+        states = np.empty((n, self.llama.n_embd), np.float32) if hidden else None
         for start in range(0, n, N_BATCH):
             size = min(N_BATCH, n - start)
             self._decode(ids, start, size, n - keep, tree, seqs)
             for j in range(size):
                 if hidden:
-                    states.append(self._row(self._lib.llama_get_embeddings_ith, j, self.llama.n_embd))
+                    self._row(self._lib.llama_get_embeddings_ith, j, states[start + j])
                 if start + j >= n - keep:
-                    rows.append(self._row(self._lib.llama_get_logits_ith, j, self.vocab_size))
+                    self._row(self._lib.llama_get_logits_ith, j, logits[start + j - (n - keep)])
         if chain < n:  # the branch sequences are dropped; the chain stays in sequence 0
             for s in range(1, 1 + MAX_BRANCHES):
                 self._lib.llama_memory_seq_rm(self._mem, s, -1, -1)
         self.length += chain
-        logits = torch.from_numpy(np.stack(rows))
-        hs = (torch.from_numpy(np.stack(states)),) if hidden else None
-        return logits, hs
+        return torch.from_numpy(logits), (torch.from_numpy(states),) if hidden else None
 
     def _decode(self, ids, start: int, size: int, first_kept: int, tree: Tree | None, seqs) -> None:
         b = self._batch
@@ -237,11 +236,12 @@ class LlamaCppBackend(ModelBackend):
             self._lib.llama_memory_seq_cp(self._mem, 0, s, -1, -1)
         return owner, chain
 
-    def _row(self, get, j: int, width: int) -> np.ndarray:
+    def _row(self, get, j: int, out: np.ndarray) -> None:
+        """Copy output row ``j`` of the last decode (``get``: logits or embeddings) into ``out``."""
         ptr = get(self._ctx, j)
         if not ptr:
             raise PacerError(f"llama.cpp returned no output for row {j} ({_last_error()})")
-        return np.ctypeslib.as_array(ptr, shape=(width,)).copy()
+        ctypes.memmove(out.ctypes.data, ptr, out.nbytes)
 
     def crop(self, length: int) -> None:
         if length < self.length:

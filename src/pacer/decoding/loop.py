@@ -27,7 +27,16 @@ import time
 import torch
 
 from ..policies.base import DraftPolicy, RoundResult
-from ..sampling import SamplingConfig, acceptance_probs, pick, target_state, verify_greedy, verify_sampling, warp
+from ..sampling import (
+    SamplingConfig,
+    acceptance_probs,
+    argmax,
+    pick,
+    target_state,
+    verify_greedy,
+    verify_sampling,
+    warp,
+)
 from .backend import ModelBackend
 from .drafter import Drafter
 from .meter import recording
@@ -47,7 +56,8 @@ def autoregressive_generate(
         while not out.done:
             t = time.perf_counter()
             logits, _ = target.forward(tokens[target.length :], keep=1)
-            x = pick(warp(logits[-1], sampling), sampling, gen)
+            # greedy: the argmax of the logits, as verification takes it (no softmax)
+            x = argmax(logits[-1].float()) if sampling.greedy else pick(warp(logits[-1], sampling), sampling, gen)
             stats.time_verify += time.perf_counter() - t
             stats.record_round(0, 0)
             tokens += out.extend([x])
@@ -93,7 +103,8 @@ def speculative_generate(
             # 3. accept: greedy - longest matching prefix, then the longest matching branch anchored there,
             #    plus the target's token; sampling - rejection sampling
             if sampling.greedy:
-                n, x = verify_greedy(draft.tokens, logits)
+                t = argmax(logits)  # the target's greedy token after d_0..d_γ
+                n, x = verify_greedy(draft.tokens, logits, t)
                 x = draft.accept_branch(scores, γ + 1, n, x) if draft.branches else x
                 p = None
             else:
@@ -105,7 +116,7 @@ def speculative_generate(
             drafter.rollback(keep)
             t2 = time.perf_counter()
             if γ or draft.branches:  # a round that proposed nothing teaches a drafter nothing
-                drafter.observe(tokens, logits.argmax(-1).tolist(), n)
+                drafter.observe(tokens, t if sampling.greedy else argmax(logits), n)
             t3 = time.perf_counter()
             # 5. commit token by token (EOS / stop strings / max_new_tokens inside the block end the output exactly)
             committed = out.extend(draft.tokens[:n] + draft.extension + [x])

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..policies.base import DraftState
+from ..sampling import argmax
 from .backend import Tree
 
 
@@ -92,7 +93,7 @@ class Draft:
         """Greedy, ``n`` draft tokens accepted, ``x`` the target's token after ``d_n``; ``logits`` of the whole
         tree forward, branch rows from ``start``. Sets ``extension`` to the longest matching prefix of a branch
         anchored at ``n`` and returns the target's token after it (``x`` when no branch matches)."""
-        am = logits[start:].argmax(-1).tolist()
+        am = argmax(logits[start:])
         best, bonus, o = 0, x, 0
         for j, b in enumerate(self.branches):
             m, nxt = 0, x

@@ -53,8 +53,10 @@ class LookupDrafter(Drafter):
                 if not p.ask(free=True, confidence=conf):
                     self._last = p.draft()
                     return self._last
-                q = torch.zeros(self.vocab, device=self.device)
-                q[x] = 1.0
+                q = None
+                if p.features or not sampling.greedy:  # a one-hot q: needed to sample, or for a policy's features
+                    q = torch.zeros(self.vocab, device=self.device)
+                    q[x] = 1.0
                 p.add(q, x, None, 0, phrase=True, keep_q=not sampling.greedy, confidence=conf)
                 ctx.append(x)
         self._last = p.draft()

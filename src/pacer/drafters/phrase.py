@@ -62,6 +62,7 @@ from ..decoding import Draft, ModelBackend, Proposal
 from ..errors import PacerError
 from ..io import atomic_write_text
 from ..policies.base import DraftState
+from ..sampling import argmax
 from .token import TokenDrafter
 
 SOURCES = ("prompt", "output", "verify", "lookahead")
@@ -328,6 +329,8 @@ class PhraseDrafter(TokenDrafter):
         self.candidates = 2 if candidates is None else int(candidates)
         self.candidate_len = int(candidate_len) if candidate_len is not None else ngram
         self.siblings = 0 if siblings is None else int(siblings)
+        if self.siblings:  # a sibling is the draft's second choice, priced from q(d_i) and the second's probability
+            self.needs = frozenset({"prob", "second_prob", "second_token"})
         if self.candidates < 0 or self.candidate_len < 1 or self.siblings < 0:
             raise PacerError(f"candidates and siblings must be >= 0 (got {self.candidates}, {self.siblings}) and "
                              f"candidate_len >= 1")
@@ -410,7 +413,7 @@ class PhraseDrafter(TokenDrafter):
             self._pool_seconds += time.perf_counter() - t
 
     def _propose_phrases(self, tokens, policy, budget, remaining: int = 0) -> Draft:
-        p = Proposal(policy, budget, len(tokens) - self.backend.length - 1, remaining)  # greedy only
+        p = Proposal(policy, budget, len(tokens) - self.backend.length - 1, remaining, needs=self.needs)  # greedy
         self._leftover = []
         synced = False
         while p.ask():
@@ -429,8 +432,9 @@ class PhraseDrafter(TokenDrafter):
             p.forwards += 1
             # row j predicts the token after phrase[:j]; greedy over the scored ids alone (TokenDrafter.scored_ids)
             ids = self.scored_ids()
-            q = torch.softmax((logits[:, ids] if ids is not None else self.align(logits)).float(), -1)
-            at = q.argmax(-1).tolist()
+            rows = (logits[:, ids] if ids is not None else self.align(logits)).float()
+            at = argmax(rows)
+            q = torch.softmax(rows, -1) if p.features else None
             guess = at if ids is None else ids[at].tolist()
             k = 0
             while k < len(phrase) and phrase[k] == guess[k]:
@@ -442,8 +446,8 @@ class PhraseDrafter(TokenDrafter):
             for j, x in enumerate(new):
                 if j and not p.ask(free=True):
                     break
-                p.add(q[j], x, hidden, len(pending) - 1 + j, phrase=j < k, index=at[j] if ids is not None else None,
-                      ids=ids)
+                p.add(None if q is None else q[j], x, hidden, len(pending) - 1 + j, phrase=j < k,
+                      index=at[j] if ids is not None else None, ids=ids)
                 kept += 1
             self.backend.crop(start + min(kept, k))  # keep only kept phrase tokens in the cache
             if phrase:

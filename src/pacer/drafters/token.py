@@ -5,12 +5,15 @@ from __future__ import annotations
 import torch
 
 from ..decoding import Draft, Drafter, ModelBackend, Proposal
-from ..sampling import pick, warp
+from ..sampling import argmax, pick, warp
 
 
 class TokenDrafter(Drafter):
     """Drafts one token per draft forward (classic SD). ``vocab`` is the target's vocabulary size: draft logits are
     truncated or padded to it so that ``q`` and ``p`` live on the same support."""
+
+    #: the per-token draft features the drafter reads itself (beside the policy's; see :class:`Proposal`)
+    needs: frozenset[str] = frozenset()
 
     def __init__(self, backend: ModelBackend, vocab: int) -> None:
         self.backend = backend
@@ -30,16 +33,19 @@ class TokenDrafter(Drafter):
 
     def propose(self, tokens, policy, budget, sampling, gen, remaining: int = 0) -> Draft:
         pending = tokens[self.backend.length :]
-        p = Proposal(policy, budget, len(pending) - 1, remaining, sampling.temperature)
+        p = Proposal(policy, budget, len(pending) - 1, remaining, sampling.temperature, self.needs)
         while p.ask():
             logits, hidden = self.backend.forward(pending, hidden=p.layers is not None, keep=1)
             p.forwards += 1
             ids = self.scored_ids() if sampling.greedy else None  # after the forward: a prompt adds its ids
             if ids is not None:  # greedy over the scored ids alone (see scored_ids)
-                q = torch.softmax(logits[-1, ids].float(), -1)
-                i = int(q.argmax())
+                row = logits[-1, ids].float()
+                i = argmax(row)
                 x = int(ids[i])
-                p.add(q, x, hidden, -1, index=i, ids=ids)
+                p.add(torch.softmax(row, -1) if p.features else None, x, hidden, -1, index=i, ids=ids)
+            elif sampling.greedy and not p.features:  # the argmax is all a greedy draft needs: no softmax
+                x = argmax(self.align(logits[-1]).float())
+                p.add(None, x, hidden, -1)
             else:
                 q = warp(self.align(logits[-1]), sampling)
                 x = pick(q, sampling, gen)

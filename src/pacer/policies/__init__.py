@@ -11,9 +11,9 @@ Re-exported here: the interface, the rules and the oracle (light, and importing 
 :mod:`.learned` and :mod:`.cost_aware` are imported by their full path.
 """
 
-from .base import DraftPolicy, DraftState, RoundResult
+from .base import DRAFT_FEATURES, DraftPolicy, DraftState, RoundResult
 from .oracle import OraclePolicy
 from .rules import ConfidencePolicy, CumProbPolicy, EntropyPolicy, FixedPolicy, HeuristicPolicy, LookupPolicy
 
-__all__ = ["ConfidencePolicy", "CumProbPolicy", "DraftPolicy", "DraftState", "EntropyPolicy", "FixedPolicy",
-           "HeuristicPolicy", "LookupPolicy", "OraclePolicy", "RoundResult"]
+__all__ = ["DRAFT_FEATURES", "ConfidencePolicy", "CumProbPolicy", "DraftPolicy", "DraftState", "EntropyPolicy",
+           "FixedPolicy", "HeuristicPolicy", "LookupPolicy", "OraclePolicy", "RoundResult"]

@@ -15,6 +15,11 @@ import torch
 
 from ..errors import PacerError
 
+#: the per-token draft features a :class:`DraftState` can hold (its field names); a policy declares those it reads
+#: (:attr:`DraftPolicy.draft_features`) and the drafter computes only those: over a 152k-id vocabulary the
+#: entropy and the top two of ``q`` cost several times the draft's argmax
+DRAFT_FEATURES = frozenset({"prob", "top_prob", "second_prob", "second_token", "entropy"})
+
 
 @dataclass
 class DraftState:
@@ -29,6 +34,9 @@ class DraftState:
     ``d_i`` is right, where it has one that is not ``q`` (prompt lookup: from the length of the matched n-gram), and
     ``next_confidence`` the same for the token asked about next (``None``: the drafter does not know it before drafting
     it).
+
+    Only the features in :data:`DRAFT_FEATURES` that the policy (or the drafter itself) reads are computed; the
+    lists of the others stay empty.
     """
 
     tokens: list[int] = field(default_factory=list)
@@ -95,7 +103,8 @@ class DraftPolicy:
     """Base class. Subclasses override :meth:`should_continue` and optionally :meth:`update` / :meth:`reset`,
     and, to feed the cost-aware rule (:mod:`pacer.policies.cost_aware`), :meth:`survival`.
 
-    What a policy needs from the loop is declared here, never probed: ``hidden_layers`` (draft hidden states),
+    What a policy needs from the loop is declared here, never probed: ``draft_features`` (which per-token features
+    of :data:`DRAFT_FEATURES` it reads: every one unless a policy says less), ``hidden_layers`` (draft hidden states),
     ``needs_soft`` (soft acceptance ``min(1, p/q)`` in every :class:`RoundResult`), ``needs_target_state`` (the
     target's entropy and top-2 margin at the accepted and bonus positions in every :class:`RoundResult`),
     ``check_seconds`` (what one
@@ -105,6 +114,8 @@ class DraftPolicy:
     decoding mode) and :meth:`report` (after it)."""
 
     name = "policy"
+    #: the per-token draft features (:data:`DRAFT_FEATURES`) the policy reads; the others are not computed
+    draft_features: frozenset[str] = DRAFT_FEATURES
     #: draft layers whose hidden states the policy reads (``None``: no hidden states are gathered)
     hidden_layers: tuple[int, ...] | None = None
     #: the loop computes ``RoundResult.soft`` for this policy

@@ -191,6 +191,7 @@ class CostAwarePolicy(DraftPolicy):
         super().__init__(inner.min_draft, inner.max_draft)
         self.inner, self.base, self.source, self.refine = inner, costs.monotone(), source, refine
         self.hidden_layers = inner.hidden_layers
+        self.draft_features = inner.draft_features
         self.needs_soft = inner.needs_soft
         self.needs_target_state = inner.needs_target_state
         self.greedy_only = inner.greedy_only

@@ -12,6 +12,7 @@ class OraclePolicy(DraftPolicy):
     first mismatch - the best any length policy can do on a pair. Greedy decoding only."""
 
     name = "oracle"
+    draft_features = frozenset()
     greedy_only = True
 
     def __init__(self, agree: list[bool] | None = None, min_draft: int = 0, max_draft: int = 32) -> None:

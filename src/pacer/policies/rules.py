@@ -14,6 +14,7 @@ class FixedPolicy(DraftPolicy):
     """Classic speculative decoding: always draft ``γ`` tokens."""
 
     name = "sd"
+    draft_features = frozenset()
 
     def __init__(self, gamma: int = 4, min_draft: int | None = None, max_draft: int | None = None) -> None:
         if gamma <= 0:
@@ -48,6 +49,7 @@ class HeuristicPolicy(DraftPolicy):
     """Hugging Face's ``heuristic`` schedule: γ += 2 after a fully accepted round, γ -= 1 otherwise (bounded)."""
 
     name = "heuristic"
+    draft_features = frozenset()
 
     def __init__(self, gamma: int = 5, min_draft: int = 1, max_draft: int = 16) -> None:
         super().__init__(min_draft, max_draft)
@@ -72,6 +74,7 @@ class ConfidencePolicy(DraftPolicy):
     ``--draft-p-min``). ``threshold=None``: no threshold; the survival proxy ``Π max q`` feeds the cost rule."""
 
     name = "confidence"
+    draft_features = frozenset({"top_prob"})
 
     def __init__(self, threshold: float | None = 0.4, min_draft: int = 1, max_draft: int = 16) -> None:
         super().__init__(min_draft, max_draft)
@@ -94,6 +97,7 @@ class EntropyPolicy(DraftPolicy):
     """
 
     name = "entropy"
+    draft_features = frozenset({"entropy"})
 
     def __init__(self, threshold: float | None = 1.0, min_draft: int = 1, max_draft: int = 16) -> None:
         super().__init__(min_draft, max_draft)
@@ -116,6 +120,7 @@ class CumProbPolicy(ConfidencePolicy):
     (``threshold=None``) it decides on the same survival proxy."""
 
     name = "cumprob"
+    draft_features = frozenset({"prob"})
 
     def __init__(self, threshold: float | None = 0.3, min_draft: int = 1, max_draft: int = 16) -> None:
         super().__init__(threshold, min_draft, max_draft)

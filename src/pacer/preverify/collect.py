@@ -31,7 +31,7 @@ from .. import backends
 from ..data.mix import CATEGORIES, TrainingPrompt, training_mix
 from ..errors import PacerError
 from ..io import atomic_write_bytes, atomic_write_text
-from ..policies import DraftState, FixedPolicy, RoundResult
+from ..policies import DRAFT_FEATURES, DraftState, FixedPolicy, RoundResult
 from ..sampling import SamplingConfig
 from .features import FeatureSpec, RoundHistory, needs_target_state, scalar_features
 
@@ -49,6 +49,7 @@ class Recorder(FixedPolicy):
     def __post_init__(self) -> None:
         super().__init__(gamma=self.spec.max_draft, min_draft=self.spec.max_draft, max_draft=self.spec.max_draft)
         self.hidden_layers = self.spec.hidden_layers
+        self.draft_features = DRAFT_FEATURES  # it records every feature (a fixed γ reads none)
         self.needs_soft = True
         self.needs_target_state = needs_target_state(self.spec)
         self.hist = RoundHistory()
