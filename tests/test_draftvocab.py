@@ -260,3 +260,25 @@ def test_a_cached_draft_vocabulary_of_the_wrong_size_is_counted_again(close, tmp
         path.write_text(json.dumps({**doc, "payload": {"ids": ids}, "sha256": checksum({"ids": ids})}))
         again = load_or_build(close, 40, home=tmp_path)
         assert torch.equal(again, rows) and json.loads(path.read_text())["payload"]["ids"] == rows.tolist()
+
+
+def test_backends_on_the_same_rows_share_one_restricted_head(close):
+    """A drafter's backend lives for one generation: its restricted head is gathered once per (head, rows) and
+    shared by the next backends (read-only), another row set gets its own, a replaced head weight its own."""
+    from pacer.decoding.hf_backend import TransformersBackend as Backend
+
+    model = close.draft_info.model
+    rows = torch.tensor(HALF)
+    a, b = Backend(model, rows), Backend(model, rows)
+    assert a._w is b._w and torch.equal(a._w, model.get_output_embeddings().weight.detach()[rows])
+    c = Backend(model, torch.tensor(HALF[:-1]))
+    assert c._w is not a._w and c._w.shape[0] == len(HALF) - 1
+    head = model.get_output_embeddings()
+    old = head.weight
+    head.weight = torch.nn.Parameter(old.detach() * 2, requires_grad=False)
+    try:
+        d = Backend(model, rows)
+        assert torch.equal(d._w, head.weight.detach()[rows])
+    finally:
+        head.weight = old
+    assert torch.equal(Backend(model, rows)._w, old.detach()[rows])

@@ -315,3 +315,15 @@ def test_scoring_fewer_tokens_than_branch_sequences(dec):
     full, _ = be.forward(ids[:8])
     for n in (1, 3, 8):
         assert torch.allclose(be.score(ids[:n]), full[:n], atol=1e-4)
+
+
+def test_a_drafters_context_is_reused_by_the_next_generation(dec, monkeypatch):
+    """A drafter's llama.cpp backend lives for one generation; its context (KV cache cleared) serves the next one
+    instead of a new context per request, and the outputs stay the target's."""
+    made = []
+    real = LlamaModel.new_context
+    monkeypatch.setattr(LlamaModel, "new_context", lambda self, *a, **k: made.append(a) or real(self, *a, **k))
+    runs = [dec.generate(p, "sd", max_new_tokens=12, gamma=3).token_ids for p in PROMPTS * 2]
+    assert len(made) <= 1, made  # the first generation may create the draft's context, no other does
+    ar = [dec.generate(p, "ar", max_new_tokens=12).token_ids for p in PROMPTS]
+    assert runs[:3] == runs[3:] == ar

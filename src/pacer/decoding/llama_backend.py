@@ -88,6 +88,8 @@ class LlamaModel:
         self.n_params = int(ll.llama_model_n_params(self.ptr))
         self.context = min(self.n_ctx_train or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
         self._lib = ll
+        #: contexts (with their batches) of backends that have ended, for the next backend of the same shape
+        self._idle: dict[tuple[int, int, int], list[tuple]] = {}
 
     def meta(self, key: str) -> str | None:
         """A GGUF metadata value as text (``None`` when absent)."""
@@ -98,6 +100,32 @@ class LlamaModel:
     def end_tokens(self) -> set[int]:
         """The ids llama.cpp treats as end of generation (EOS, EOT, ...)."""
         return {i for i in range(self.n_vocab) if self._lib.llama_vocab_is_eog(self.vocab, i)}
+
+    #: idle contexts kept per shape (a drafter's backend lives for one generation: without the pool every
+    #: request paid ~20-30 ms to create its draft model's context, on a 2-core Zen 5, before the first token)
+    IDLE = 2
+
+    def take_context(self, n_ctx: int, n_seq: int) -> tuple:
+        """``(context, batch, shape)`` of ``n_ctx`` cells and ``n_seq`` sequences (on pacer's thread setting): an
+        idle one of that shape, its cache cleared, or a new one."""
+        shape = (n_ctx, n_seq, torch.get_num_threads())
+        idle = self._idle.get(shape)
+        if idle:
+            ctx, batch = idle.pop()
+            self._lib.llama_memory_clear(self._lib.llama_get_memory(ctx), True)
+            self._lib.llama_set_embeddings(ctx, False)
+            return ctx, batch, shape
+        return self.new_context(n_ctx, n_seq), self._lib.llama_batch_init(N_BATCH, 0, n_seq), shape
+
+    def give_back(self, shape: tuple[int, int, int], ctx, batch) -> None:
+        """A backend has ended: keep its context for the next of that shape (up to :attr:`IDLE`), or free it.
+        Only contexts of the model's own size are kept (one-off scoring contexts are freed)."""
+        idle = self._idle.setdefault(shape, [])
+        if shape[0] == self.context and len(idle) < self.IDLE and self.ptr:
+            idle.append((ctx, batch))
+            return
+        self._lib.llama_batch_free(batch)
+        self._lib.llama_free(ctx)
 
     def new_context(self, n_ctx: int, n_seq: int = 1):
         ll = self._lib
@@ -119,6 +147,11 @@ class LlamaModel:
     def __del__(self) -> None:
         if getattr(self, "ptr", None):
             try:
+                for idle in getattr(self, "_idle", {}).values():
+                    for ctx, batch in idle:
+                        self._lib.llama_batch_free(batch)
+                        self._lib.llama_free(ctx)
+                self._idle = {}
                 self._lib.llama_model_free(self.ptr)
             except Exception:  # interpreter shutdown: the library may be gone already
                 pass
@@ -139,21 +172,17 @@ class LlamaCppBackend(ModelBackend):
         self.device = torch.device("cpu")
         self.dtype = torch.float32
         ll = self._lib = model._lib
-        self._ctx = model.new_context(self.context, n_seq=1 + MAX_BRANCHES)
+        self._ctx, self._batch, self._shape = model.take_context(self.context, 1 + MAX_BRANCHES)
         self._mem = ll.llama_get_memory(self._ctx)
-        self._batch = ll.llama_batch_init(N_BATCH, 0, 1 + MAX_BRANCHES)
         self._embeddings = False
         self.length = 0
 
     def __del__(self) -> None:
-        ll = getattr(self, "_lib", None)
+        ctx, batch = getattr(self, "_ctx", None), getattr(self, "_batch", None)
+        self._ctx = self._batch = None
         try:
-            if getattr(self, "_batch", None) is not None:
-                ll.llama_batch_free(self._batch)
-                self._batch = None
-            if getattr(self, "_ctx", None):
-                ll.llama_free(self._ctx)
-                self._ctx = None
+            if ctx and batch is not None:
+                self.llama.give_back(self._shape, ctx, batch)
         except Exception:  # interpreter shutdown
             pass
 
