@@ -290,28 +290,56 @@ def test_pacer_drafts_in_whole_blocks(pairs):
     assert set(res.stats.draft_lengths[:-1]) == {4}
 
 
+@pytest.mark.parametrize("path", ["numpy", "torch"])
 @pytest.mark.parametrize("context", [True, False])
 @pytest.mark.parametrize("block", [1, 2, 4])
-def test_the_layer_fed_a_few_tokens_at_a_time_scores_as_its_forward_over_the_whole_draft(block, context):
-    """``PreVerifier.extend`` (what a check runs) equals ``forward`` over the draft so far, at every length and
-    however the tokens are grouped: the layer is causal, so earlier tokens' states are reused, never recomputed."""
+def test_the_layer_fed_a_few_tokens_at_a_time_scores_as_its_forward_over_the_whole_draft(block, context, path):
+    """``PreVerifier.extend`` (what a check runs: numpy's folded copy on a CPU, torch elsewhere) equals ``forward``
+    over the draft so far, at every length and however the tokens are grouped: the layer is causal, so earlier
+    tokens' states are reused, never recomputed."""
     torch.manual_seed(block)
-    layer = PreVerifier(40, 5, block=block, d=16, heads=2, max_draft=16, rank=4, context=context).eval()
+    rank = 4 if context else 0  # the low-rank hidden projection and the full one
+    layer = PreVerifier(40, 5, block=block, d=16, heads=2, max_draft=16, rank=rank, context=context).eval()
+    if block == 2:
+        layer.mlp[1].approximate = "tanh"  # both GELUs
     torch.nn.init.normal_(layer.block_head.weight)  # a non-zero block head: the pooled block states count too
+    for norm in (layer.norm_h, layer.norm_a, layer.norm_m):  # LayerNorms that scale and shift (folded on a CPU)
+        torch.nn.init.normal_(norm.weight, 1.0, 0.3)
+        torch.nn.init.normal_(norm.bias, 0.0, 0.3)
     h, s = torch.randn(1, 11, 40), torch.randn(1, 11, 5)
+    extend = layer.extend if path == "numpy" else layer.extend_torch
     with torch.no_grad():
         for n in range(1, 12):
             _, blk = layer(h[:, :n], s[:, :n])
             memo, i, got = PrefixState(), 0, None
             while i < n:
                 r = min(1 + i % 3, n - i)  # groups of 1, 2, 3 tokens
-                got = layer.extend(memo, h[0, i : i + r], s[0, i : i + r])
+                got = extend(memo, h[0, i : i + r], s[0, i : i + r])
                 i += r
             assert memo.n == n
             if n < block:
                 assert got is None
             else:
                 assert got == pytest.approx(float(blk[0, -1]), abs=1e-4)
+
+
+def test_the_cpu_check_follows_the_weights():
+    """The numpy copy a CPU check runs on is made again once a weight changes (an optimizer step, a loaded
+    state): never a stale layer."""
+    torch.manual_seed(0)
+    layer = PreVerifier(12, 3, block=1, d=8, heads=2, max_draft=8).eval()
+    h, s = torch.randn(1, 3, 12), torch.randn(1, 3, 3)
+
+    def score() -> float:
+        memo = PrefixState()
+        return layer.extend(memo, h[0], s[0])
+
+    with torch.no_grad():
+        before = score()
+        layer.token_head.bias += 1.5  # in place
+        assert score() == pytest.approx(float(layer(h, s)[1][0, -1]), abs=1e-4) != pytest.approx(before, abs=1e-3)
+        layer.load_state_dict(PreVerifier(12, 3, block=1, d=8, heads=2, max_draft=8).state_dict())
+        assert score() == pytest.approx(float(layer(h, s)[1][0, -1]), abs=1e-4)
 
 
 def test_a_pacer_check_feeds_the_layer_only_the_tokens_drafted_since_the_last():
@@ -628,3 +656,13 @@ def test_offline_rule_lengths_are_the_live_policies_lengths():
                     st.entropy.append(float(scalars[r, n, 2]))
                     n += 1
                 assert n == offline[r], (rule, thr, r)
+
+
+def test_a_layer_loaded_in_inference_mode_checks_on_the_cpu():
+    """Parameters made under ``torch.inference_mode`` have no version counter: the CPU check still runs."""
+    with torch.inference_mode():
+        torch.manual_seed(1)
+        layer = PreVerifier(12, 3, block=2, d=8, heads=2, max_draft=8).eval()
+        h, s = torch.randn(1, 4, 12), torch.randn(1, 4, 3)
+        got = layer.extend(PrefixState(), h[0], s[0])
+        assert got == pytest.approx(float(layer(h, s)[1][0, -1]), abs=1e-4)
