@@ -15,7 +15,7 @@ import torch
 
 from ..errors import PacerError
 from ..policies.base import DRAFT_FEATURES, DraftPolicy, DraftState
-from ..sampling import SamplingConfig
+from ..sampling import SamplingConfig, top_two
 from .tree import Draft
 
 
@@ -56,6 +56,11 @@ class Drafter:
         """Called once a generation has ended (e.g. to save state that outlives it)."""
 
 
+#: the features read from ``q``'s top two
+_TOP = frozenset({"top_prob", "second_prob", "second_token"})
+_ORDER = ("prob", "top_prob", "second_prob", "second_token", "entropy")
+
+
 def token_features(q: torch.Tensor | None, x: int, state: DraftState, index: int | None = None,
                    ids: torch.Tensor | None = None, features: frozenset[str] = DRAFT_FEATURES) -> None:
     """Append draft token ``x`` drawn from ``q`` and the per-token ``features`` of it that are asked for
@@ -82,24 +87,16 @@ def token_features(q: torch.Tensor | None, x: int, state: DraftState, index: int
             getattr(state, name).append(values[name])
 
 
-#: the features read from ``q``'s top two
-_TOP = frozenset({"top_prob", "second_prob", "second_token"})
-_ORDER = ("prob", "top_prob", "second_prob", "second_token", "entropy")
-
-
 def _features_numpy(a: np.ndarray, at: int, top: bool, entropy: bool) -> tuple[float, float, float, float, int]:
     """``q(x)``, the top two probabilities, the entropy and the second choice's index of a probability row ``a``
     (the top two and the entropy only where asked for; 0 otherwise)."""
     first = second = h = 0.0
     alt = 0
     if top:
-        i = int(a.argmax())
+        i, j = top_two(a)
         first = float(a[i])
-        if a.size > 1:  # the second: the larger of the maxima left and right of the first (the first of equals)
-            left = int(a[:i].argmax()) if i > 0 else -1
-            right = i + 1 + int(a[i + 1 :].argmax()) if i + 1 < a.size else -1
-            alt = left if right < 0 or (left >= 0 and a[left] >= a[right]) else right
-            second = float(a[alt])
+        if j >= 0:
+            alt, second = j, float(a[j])
     if entropy:
         h = -float(np.dot(a, np.log(np.maximum(a, 1e-30))))
     return float(a[at]), first, second, h, alt

@@ -120,10 +120,12 @@ class LlamaModel:
     def give_back(self, shape: tuple[int, int, int], ctx, batch) -> None:
         """A backend has ended: keep its context for the next of that shape (up to :attr:`IDLE`), or free it.
         Only contexts of the model's own size are kept (one-off scoring contexts are freed)."""
-        idle = self._idle.setdefault(shape, [])
-        if shape[0] == self.context and len(idle) < self.IDLE and self.ptr:
+        if shape[0] == self.context and self.ptr and len(idle := self._idle.setdefault(shape, [])) < self.IDLE:
             idle.append((ctx, batch))
             return
+        self._free(ctx, batch)
+
+    def _free(self, ctx, batch) -> None:
         self._lib.llama_batch_free(batch)
         self._lib.llama_free(ctx)
 
@@ -149,8 +151,7 @@ class LlamaModel:
             try:
                 for idle in getattr(self, "_idle", {}).values():
                     for ctx, batch in idle:
-                        self._lib.llama_batch_free(batch)
-                        self._lib.llama_free(ctx)
+                        self._free(ctx, batch)
                 self._idle = {}
                 self._lib.llama_model_free(self.ptr)
             except Exception:  # interpreter shutdown: the library may be gone already

@@ -109,15 +109,8 @@ class PreVerifier(nn.Module):
             z = z + self.attn.out_proj(a.transpose(0, 1).reshape(r, -1))
         z = z + self.mlp(self.norm_m(z))
         memo.z = z if memo.z is None else torch.cat([memo.z, z])
-        for c in nn.functional.logsigmoid(self.token_head(z)).flatten().tolist():
-            memo.log_survival.append((memo.log_survival[-1] if memo.log_survival else 0.0) + c)
-        end = memo.n - memo.n % self.block
-        if end == 0:
-            return None
-        survival = min(memo.log_survival[end - 1], -1e-6)
-        prior = survival - math.log(-math.expm1(survival))
-        zb = memo.z[end - self.block : end]
-        return prior + float(self.block_head(torch.cat([zb[-1], zb.mean(0)])))
+        return memo.close(nn.functional.logsigmoid(self.token_head(z)).flatten().tolist(), self.block,
+                          lambda zb: float(self.block_head(torch.cat([zb[-1], zb.mean(0)]))))
 
 
 
@@ -198,16 +191,10 @@ class CpuExtend:
             z = z + np.einsum("hrn,nhd->rhd", att, memo.v).reshape(r, -1) @ self.w_o.T + self.b_o
         z = z + self._gelu(self._standard(z, self.eps[2]) @ self.w_1.T + self.b_1) @ self.w_2.T + self.b_2
         memo.z = z if memo.z is None else np.concatenate([memo.z, z])
-        for c in (z @ self.w_t + self.b_t).tolist():  # log σ(c), stable both ways
-            log_sigma = -math.log1p(math.exp(-c)) if c >= 0 else c - math.log1p(math.exp(c))
-            memo.log_survival.append((memo.log_survival[-1] if memo.log_survival else 0.0) + log_sigma)
-        end = memo.n - memo.n % block
-        if end == 0:
-            return None
-        survival = min(memo.log_survival[end - 1], -1e-6)
-        prior = survival - math.log(-math.expm1(survival))
-        zb = memo.z[end - block : end]
-        return prior + float(np.concatenate([zb[-1], zb.mean(0)]) @ self.w_b) + self.b_b
+        log_sigma = [-math.log1p(math.exp(-c)) if c >= 0 else c - math.log1p(math.exp(c))  # stable both ways
+                     for c in (z @ self.w_t + self.b_t).tolist()]
+        return memo.close(log_sigma, block,
+                          lambda zb: float(np.concatenate([zb[-1], zb.mean(0)]) @ self.w_b) + self.b_b)
 
 
 class PrefixState:
@@ -226,6 +213,18 @@ class PrefixState:
     @property
     def n(self) -> int:
         return 0 if self.z is None else self.z.shape[0]
+
+    def close(self, log_sigma: list[float], block: int, pooled) -> float | None:
+        """After ``z`` took the new tokens' states: add their ``log σ(c_i)`` to the running log-survival and
+        return the block logit of the last complete block (``None`` while there is none): the logit of the
+        survival there plus ``pooled(z of that block)``, the block head on its last and mean states."""
+        for c in log_sigma:
+            self.log_survival.append((self.log_survival[-1] if self.log_survival else 0.0) + c)
+        end = self.n - self.n % block
+        if end == 0:
+            return None
+        survival = min(self.log_survival[end - 1], -1e-6)
+        return survival - math.log(-math.expm1(survival)) + pooled(self.z[end - block : end])
 
 
 class TokenHead(nn.Module):
