@@ -137,6 +137,38 @@ def test_the_numpy_features_equal_the_torch_ones(i):
     assert s.second_token == [0] and s.second_prob == [pytest.approx(0.3)]
 
 
+def _logit_rows() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(4)
+    rows = [torch.randn(5000, generator=g) * s for s in (0.5, 3.0, 9.0)]
+    tied = torch.full((300,), -5.0)
+    tied[[7, 40]] = 2.0  # equal top two: the first of equals is the top
+    masked = torch.randn(400, generator=g)
+    masked[100:] = float("-inf")  # a padded vocabulary (TokenDrafter.align): torch's path for the entropy
+    return [*rows, tied, masked, torch.tensor([3.0]), torch.tensor([0.0, 1.0])]
+
+
+@pytest.mark.parametrize("i", range(7))
+@pytest.mark.parametrize("asked", [DRAFT_FEATURES, frozenset({"prob"}), frozenset({"top_prob", "entropy"})])
+def test_features_from_the_logits_equal_those_from_q(i, asked):
+    """A greedy draft passes its logits row, not ``q``: the features read from it (one exponential into a reused
+    buffer) are those of ``q = softmax(logits)``, asked for or not, masked ids and ties included."""
+    logits = _logit_rows()[i]
+    q = torch.softmax(logits, -1)
+    for x in {0, int(logits.argmax()), logits.numel() - 1}:
+        fast, slow = DraftState(), DraftState()
+        token_features(None, x, fast, features=asked, logits=logits)
+        token_features(q, x, slow, features=asked)
+        assert _computed(fast) == _computed(slow)
+        for f in asked:
+            assert getattr(fast, f) == pytest.approx(getattr(slow, f), rel=1e-5, abs=1e-6), (i, x, f)
+    reduced = DraftState()  # a reduced head's row: x at ``index`` among ``ids``
+    ids = torch.arange(logits.numel()) * 3
+    token_features(None, int(ids[-1]), reduced, index=logits.numel() - 1, ids=ids, logits=logits)
+    assert reduced.prob == [pytest.approx(float(q[-1]), rel=1e-5, abs=1e-7)]
+    if logits.numel() > 1:
+        assert reduced.second_token[0] % 3 == 0 and reduced.second_token[0] // 3 != int(logits.argmax())
+
+
 def test_features_are_appended_only_where_asked():
     q = _rows()[1]
     for asked in (frozenset(), frozenset({"entropy"}), frozenset({"second_token"}), DRAFT_FEATURES):

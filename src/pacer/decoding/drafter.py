@@ -15,7 +15,7 @@ import torch
 
 from ..errors import PacerError
 from ..policies.base import DRAFT_FEATURES, DraftPolicy, DraftState
-from ..sampling import SamplingConfig, top_two
+from ..sampling import SamplingConfig, softmax_stats, top_two
 from .tree import Draft
 
 
@@ -62,20 +62,31 @@ _ORDER = ("prob", "top_prob", "second_prob", "second_token", "entropy")
 
 
 def token_features(q: torch.Tensor | None, x: int, state: DraftState, index: int | None = None,
-                   ids: torch.Tensor | None = None, features: frozenset[str] = DRAFT_FEATURES) -> None:
+                   ids: torch.Tensor | None = None, features: frozenset[str] = DRAFT_FEATURES,
+                   logits: torch.Tensor | None = None) -> None:
     """Append draft token ``x`` drawn from ``q`` and the per-token ``features`` of it that are asked for
     (:data:`~pacer.policies.base.DRAFT_FEATURES`; ``q`` may be ``None`` when none is) to ``state``. ``index``:
     where ``x`` is in ``q`` when ``q`` covers only the ids a reduced draft head scores (``ids``; every other id
-    has probability 0; default: ``q`` is over the whole vocabulary). A float32 ``q`` in CPU memory is read by
-    numpy's vectorised kernels (two argmax passes for the top two, one log for the entropy: ~0.1 ms for 152k ids on
-    a 2-core Zen 5 against ~0.5 ms for torch's log, top-k and products); elsewhere the values are computed where
-    ``q`` is and read back in one transfer."""
+    has probability 0; default: ``q`` is over the whole vocabulary). Greedy drafts may pass the ``logits`` row
+    instead of ``q = softmax(logits)``: a float32 row in CPU memory is then read without making ``q``
+    (:func:`~pacer.sampling.softmax_stats`: one exponential into a reused buffer). A float32 ``q`` in CPU memory is
+    read by numpy's vectorised kernels (two argmax passes for the top two, one log for the entropy: ~0.1 ms for
+    152k ids on a 2-core Zen 5 against ~0.5 ms for torch's log, top-k and products); elsewhere the values are
+    computed where ``q`` is and read back in one transfer."""
     state.tokens.append(x)
     if not features:
         return
     at = x if index is None else index
     top = not features.isdisjoint(_TOP)
-    if q.device.type == "cpu" and q.dtype == torch.float32 and q.dim() == 1:
+    values = None
+    if logits is not None:
+        if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 1:
+            values = _features_logits(logits.detach().numpy(), at, "entropy" in features)
+        if values is None:
+            q = torch.softmax(logits.float(), -1)
+    if values is not None:
+        prob, first, second, entropy, alt = values
+    elif q.device.type == "cpu" and q.dtype == torch.float32 and q.dim() == 1:
         prob, first, second, entropy, alt = _features_numpy(q.detach().numpy(), at, top, "entropy" in features)
     else:
         prob, first, second, entropy, alt = _features_torch(q, at)
@@ -85,6 +96,15 @@ def token_features(q: torch.Tensor | None, x: int, state: DraftState, index: int
     for name in _ORDER:
         if name in features:
             getattr(state, name).append(values[name])
+
+
+def _features_logits(row: np.ndarray, at: int, entropy: bool) -> tuple[float, float, float, float, int] | None:
+    """:func:`_features_numpy`'s values from a logits row, without its probability row (``None``: not finite)."""
+    st = softmax_stats(row, entropy)
+    if st is None:
+        return None
+    second, alt = (st.prob(st.j), st.j) if st.j >= 0 else (0.0, 0)
+    return st.prob(at), 1.0 / st.z, second, 0.0 if not entropy else st.entropy, alt
 
 
 def _features_numpy(a: np.ndarray, at: int, top: bool, entropy: bool) -> tuple[float, float, float, float, int]:
@@ -153,13 +173,14 @@ class Proposal:
 
     def add(self, q: torch.Tensor | None, x: int, hidden: tuple[torch.Tensor, ...] | None, row: int,
             phrase: bool = False, keep_q: bool = False, confidence: float | None = None,
-            index: int | None = None, ids: torch.Tensor | None = None) -> None:
+            index: int | None = None, ids: torch.Tensor | None = None, logits: torch.Tensor | None = None) -> None:
         """Token ``x`` drawn from ``q``; ``hidden[layer][row]`` are its hidden states (the forward's row that
         predicted it); ``keep_q``: sampling, the loop needs ``q`` for rejection sampling (over the whole
         vocabulary); ``confidence``: the drafter's own estimate that ``x`` is right (``DraftState.confidence``);
         ``index``: greedy, ``q`` covers only a reduced head's scored ids (``ids``) and ``x`` is at ``index`` in
-        it. ``q`` may be ``None`` where no feature is computed (:attr:`features`) and it is not kept."""
-        token_features(q, x, self.state, index, ids, self.features)
+        it. ``q`` may be ``None`` where no feature is computed (:attr:`features`) and it is not kept; a greedy
+        draft may pass its ``logits`` row instead (see :func:`token_features`)."""
+        token_features(q, x, self.state, index, ids, self.features, logits)
         self.state.phrase.append(phrase)
         if confidence is not None:
             self.state.confidence.append(confidence)

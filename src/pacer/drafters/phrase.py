@@ -56,8 +56,6 @@ import weakref
 from collections import Counter, OrderedDict
 from pathlib import Path
 
-import torch
-
 from ..decoding import Draft, ModelBackend, Proposal
 from ..errors import PacerError
 from ..io import atomic_write_text
@@ -434,7 +432,6 @@ class PhraseDrafter(TokenDrafter):
             ids = self.scored_ids()
             rows = (logits[:, ids] if ids is not None else self.align(logits)).float()
             at = argmax(rows)
-            q = torch.softmax(rows, -1) if p.features else None
             guess = at if ids is None else ids[at].tolist()
             k = 0
             while k < len(phrase) and phrase[k] == guess[k]:
@@ -446,8 +443,8 @@ class PhraseDrafter(TokenDrafter):
             for j, x in enumerate(new):
                 if j and not p.ask(free=True):
                     break
-                p.add(None if q is None else q[j], x, hidden, len(pending) - 1 + j, phrase=j < k,
-                      index=at[j] if ids is not None else None, ids=ids)
+                p.add(None, x, hidden, len(pending) - 1 + j, phrase=j < k,
+                      index=at[j] if ids is not None else None, ids=ids, logits=rows[j])
                 kept += 1
             self.backend.crop(start + min(kept, k))  # keep only kept phrase tokens in the cache
             if phrase:

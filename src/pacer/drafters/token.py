@@ -42,10 +42,11 @@ class TokenDrafter(Drafter):
                 row = logits[-1, ids].float()
                 i = argmax(row)
                 x = int(ids[i])
-                p.add(torch.softmax(row, -1) if p.features else None, x, hidden, -1, index=i, ids=ids)
-            elif sampling.greedy and not p.features:  # the argmax is all a greedy draft needs: no softmax
-                x = argmax(self.align(logits[-1]).float())
-                p.add(None, x, hidden, -1)
+                p.add(None, x, hidden, -1, index=i, ids=ids, logits=row)
+            elif sampling.greedy:  # the argmax, and the features from the logits: no probability row
+                row = self.align(logits[-1]).float()
+                x = argmax(row)
+                p.add(None, x, hidden, -1, logits=row)
             else:
                 q = warp(self.align(logits[-1]), sampling)
                 x = pick(q, sampling, gen)
