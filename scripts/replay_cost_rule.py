@@ -76,7 +76,8 @@ def main() -> None:
         raise SystemExit("replay_cost_rule.py: needs a pacer checkpoint with block 1 (a score at every position)")
     spec = FeatureSpec.from_dict(cfg["feature_spec"])
     data, _ = load_dataset(Path(a.data or cfg["train"]["data"]))
-    _, va = split(to_rounds(data, spec.max_draft), cfg["train"]["val_frac"], cfg["train"]["seed"])
+    rounds = to_rounds(data, spec.max_draft, target_hidden=spec.target_hidden > 0)
+    _, va = split(rounds, cfg["train"]["val_frac"], cfg["train"]["seed"])
     costs = Costs.from_dict(cfg["costs"])
     free = Costs(costs.draft, costs.target, 0.0)  # a rule's check is priced as free, as in the validation report
     layer = scores("pacer", model, va, mu, sd)

@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from pacer import PacerError, SamplingConfig
 from pacer.policies import DraftState, FixedPolicy, RoundResult
 from pacer.policies.learned import PacerPolicy, SpecDecPPPolicy, load_checkpoint, make_learned_policy
-from pacer.preverify.collect import collect, load_dataset
+from pacer.preverify.collect import Recorder, collect, load_dataset
 from pacer.preverify.features import SCALAR_NAMES, TARGET_SCALARS, FeatureSpec
 from pacer.preverify.layer import PrefixState, PreVerifier, TokenHead, param_count
 from pacer.preverify.train import Costs, roc_auc, simulate, stop_lengths, train
@@ -191,12 +191,66 @@ def test_collect_then_train_then_load_on_tiny_models(tmp_path, close, monkeypatc
         train(tmp_path / "data", None, "pacer", epochs=1, log=None, ablate=("nothing",))
 
 
+def test_collect_train_and_load_with_the_target_hidden_state(tmp_path, close, monkeypatch):
+    """A collection with ``target_hidden`` records, once per round, the target's hidden state the round's features
+    saw (the previous round's ``RoundResult.target_hidden``; zeros at a generation's first round); training appends
+    it to every token's hidden states, its ablation drops it, and the checkpoint reads it live, losslessly."""
+    import pacer.data.mix as mix
+
+    pools = {c: [mix.TrainingPrompt(f"question {c} {i}: say something", c, "test") for i in range(2)]
+             for c in mix.CATEGORIES}
+    monkeypatch.setattr(mix, "candidate_pools", lambda: pools)
+    monkeypatch.setattr(mix, "benchmark_texts", lambda: ["a benchmark question"])
+    H = close.target_info.hidden_size
+    spec = FeatureSpec((-2, -1), 64, 6, target_hidden=H)
+    seen: list[RoundResult] = []
+    real = Recorder.update
+
+    def spy(self, state, result):  # the Recorder's results, in order
+        seen.append(result)
+        return real(self, state, result)
+
+    monkeypatch.setattr(Recorder, "update", spy)
+    m = collect(close, tmp_path / "data", n_prompts=2, max_new_tokens=12, spec=spec, shard_size=2, progress=False,
+                temperatures=(0.0, 1.0))
+    monkeypatch.undo()
+    assert m["feature_spec"]["target_hidden"] == H
+    data, _ = load_dataset(tmp_path / "data")
+    t, rid = data["round_target_hidden"].float(), data["round_target_id"]
+    assert t.shape == (m["rounds"], H) == (len(seen), H) and rid.tolist() == sorted(data["round"].unique().tolist())
+    prompt_of = {int(r): int(p) for r, p in zip(data["round"], data["prompt"], strict=True)}
+    for i in range(len(seen)):
+        first = i == 0 or prompt_of[i] != prompt_of[i - 1]
+        want = torch.zeros(H) if first else seen[i - 1].target_hidden
+        torch.testing.assert_close(t[i], want, atol=2e-3, rtol=2e-3)  # stored as float16
+    manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
+    (tmp_path / "data" / "manifest.json").write_text(json.dumps({**manifest, "costs": COSTS.to_dict()}))
+    cfg = train(tmp_path / "data", tmp_path / "ckpt", "pacer", block=2, epochs=2, log=None, ablate=("target-hidden",))
+    assert cfg["feature_spec"]["target_hidden"] == H
+    assert cfg["ablation"]["target-hidden"]["dropped"] == [f"target hidden state ({H} values)"]
+    model, _, _, _ = load_checkpoint(tmp_path / "ckpt")
+    assert model.norm_h.normalized_shape == (128 + H,)
+    pol = make_learned_policy("pacer", tmp_path / "ckpt", close.draft_info.fingerprint, {}, {}, close.draft_info)
+    assert pol.needs_target_hidden
+    fed = []
+    extend = pol.model.extend
+    monkeypatch.setattr(pol.model, "extend", lambda memo, h, s: fed.append(h) or extend(memo, h, s))
+    ids = close.encode("hello world")
+    ar = close.generate(ids, "ar", max_new_tokens=30)
+    assert close.generate(ids, "pacer", max_new_tokens=30, policy=pol).token_ids == ar.token_ids
+    assert fed and all(h.shape[1] == 128 + H for h in fed)
+    assert fed[0][:, 128:].abs().sum() == 0 and any(h[:, 128:].abs().sum() > 0 for h in fed[1:])
+    plain = train(tmp_path / "data", None, "pacer", block=2, epochs=1, log=None, target_hidden=False)
+    assert "target_hidden" not in plain["feature_spec"]
+
+
 class TargetStateProbe(FixedPolicy):
     """A fixed-γ policy that keeps every round's result."""
 
-    def __init__(self, needs: bool) -> None:
+    def __init__(self, needs: bool, hidden: bool = False) -> None:
         super().__init__(gamma=4)
         self.needs_target_state = needs
+        self.needs_target_hidden = hidden
         self.results: list[RoundResult] = []
 
     def update(self, state, result) -> None:
@@ -230,6 +284,28 @@ def test_target_state_is_the_target_distribution_at_the_accepted_and_bonus_posit
     plain = TargetStateProbe(needs=False)
     close.generate(ids, "sd", max_new_tokens=24, policy=plain)
     assert all(r.target_entropy == [] and r.target_margin == [] for r in plain.results)
+    assert all(r.target_hidden is None for r in plain.results)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_target_hidden_is_the_final_state_where_the_bonus_token_was_predicted(close, temperature):
+    """``RoundResult.target_hidden`` is the target's final hidden state at the row whose distribution gave the
+    round's last committed token (checked against one plain forward over the output), for rounds that accepted
+    everything, some or nothing."""
+    ids = close.encode("def f(x):\n    return")
+    probe = TargetStateProbe(needs=False, hidden=True)
+    res = close.generate(ids, "sd", max_new_tokens=24, policy=probe,
+                         sampling=SamplingConfig(temperature=temperature, seed=3))
+    target = close.target
+    target.reset()
+    _, hs = target.forward(ids + res.token_ids, keep=1, hidden=True)
+    final = hs[-1].float()
+    start = len(ids)
+    assert len({r.accepted for r in probe.results}) > 1  # rounds that ended at different positions
+    for r in probe.results:
+        assert r.target_hidden.shape == (final.shape[1],) and r.target_hidden.device.type == "cpu"
+        torch.testing.assert_close(r.target_hidden, final[start - 1 + r.accepted], atol=1e-4, rtol=1e-4)
+        start += r.committed
 
 
 def random_policy(kind: str, block: int = 2, threshold: float = 0.5, seed: int = 0, hidden: int = 64):

@@ -98,7 +98,8 @@ def speculative_generate(
                 if sampling.greedy and (γ or draft.branches) else 0
             ids, tree = draft.tree_inputs(pending, room, policy.branch_room(γ) if room > 0 else 0,
                                           siblings=target.sibling_branches)
-            scores, _ = target.forward(ids, tree=tree, keep=len(ids) - len(pending) + 1)
+            scores, t_hs = target.forward(ids, tree=tree, keep=len(ids) - len(pending) + 1,
+                                          hidden=policy.needs_target_hidden)
             logits = scores[: γ + 1]  # row 0 is the last pending token's
             # 3. accept: greedy - longest matching prefix, then the longest matching branch anchored there,
             #    plus the target's token; sampling - rejection sampling
@@ -126,10 +127,12 @@ def speculative_generate(
             soft = acceptance_probs(draft.tokens, draft.state.prob, p if p is not None else torch.softmax(logits, -1)) \
                 if policy.needs_soft and γ else []
             t_ent, t_margin = target_state(logits[: n + 1]) if policy.needs_target_state else ([], [])
+            # the final hidden state at the row whose distribution gave x (row n of logits)
+            t_hidden = t_hs[-1][len(pending) - 1 + n].to("cpu", torch.float32) if t_hs is not None else None
             branched = sum(len(b) for b in draft.branches)
             policy.update(draft.state, RoundResult(γ, n, soft, t1 - t0 - draft.policy_time - draft.pool_time,
                                                    t2 - t1, len(ids), draft.forwards, len(committed), branched,
-                                                   len(draft.extension), t_ent, t_margin))
+                                                   len(draft.extension), t_ent, t_margin, t_hidden))
             t4 = time.perf_counter()
             stats.time_draft += t1 - t0 - draft.policy_time - draft.pool_time
             stats.time_pool += draft.pool_time + (t3 - t2)

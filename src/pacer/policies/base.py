@@ -83,7 +83,9 @@ class RoundResult:
     ``extended``: how many of them were accepted (the extension); ``target_entropy`` / ``target_margin`` (when the
     policy ``needs_target_state``): the target's entropy (nats) and top-2 margin of its temperature-1 distribution at
     the positions of ``d_1..d_n`` and at the bonus position (``n + 1`` values, the bonus last) - what the
-    verification already computed, read by the pre-verification layer's target-state features."""
+    verification already computed, read by the pre-verification layer's target-state features;
+    ``target_hidden`` (when the policy ``needs_target_hidden``): the target's final hidden state ``[H]`` (float32, on
+    the CPU) at the position whose distribution gave the bonus token, from the same forward."""
 
     drafted: int
     accepted: int
@@ -97,6 +99,7 @@ class RoundResult:
     extended: int = 0
     target_entropy: list[float] = field(default_factory=list)
     target_margin: list[float] = field(default_factory=list)
+    target_hidden: torch.Tensor | None = None
 
 
 class DraftPolicy:
@@ -107,6 +110,7 @@ class DraftPolicy:
     of :data:`DRAFT_FEATURES` it reads: every one unless a policy says less), ``hidden_layers`` (draft hidden states),
     ``needs_soft`` (soft acceptance ``min(1, p/q)`` in every :class:`RoundResult`), ``needs_target_state`` (the
     target's entropy and top-2 margin at the accepted and bonus positions in every :class:`RoundResult`),
+    ``needs_target_hidden`` (the target's final hidden state at the bonus position),
     ``check_seconds`` (what one
     :meth:`should_continue` costs, for the cost model), ``needs_reference`` (before generating, the drafter's
     agreement with the target's own greedy continuation through :meth:`set_reference`: the oracle), ``greedy_only``
@@ -122,6 +126,8 @@ class DraftPolicy:
     needs_soft: bool = False
     #: the loop computes ``RoundResult.target_entropy`` / ``target_margin`` for this policy
     needs_target_state: bool = False
+    #: the loop passes the target's final hidden state at the bonus position (``RoundResult.target_hidden``)
+    needs_target_hidden: bool = False
     #: seconds of one ``should_continue`` (``c_p``)
     check_seconds: float = 0.0
     #: the caller must pass the drafter's agreement with the target's greedy continuation (:meth:`set_reference`)

@@ -194,6 +194,7 @@ class CostAwarePolicy(DraftPolicy):
         self.draft_features = inner.draft_features
         self.needs_soft = inner.needs_soft
         self.needs_target_state = inner.needs_target_state
+        self.needs_target_hidden = inner.needs_target_hidden
         self.greedy_only = inner.greedy_only
         self.check_seconds = inner.check_seconds
         self.memory = memory or CostMemory()

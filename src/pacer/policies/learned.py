@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 from ..errors import PacerError
-from ..preverify.features import FeatureSpec, RoundHistory, needs_target_state, scalar_features
+from ..preverify.features import FeatureSpec, RoundHistory, needs_target_hidden, needs_target_state, scalar_features
 from ..preverify.layer import PrefixState, PreVerifier, TokenHead
 from .base import DraftPolicy, DraftState, RoundResult
 
@@ -78,10 +78,10 @@ def load_checkpoint(path: Path | str, draft_fingerprint: str | None = None, draf
         raise PacerError(f"checkpoint weights {w_path} cannot be read ({e}); retrain or restore them") from e
     S = len(spec.scalar_names)
     if kind == "pacer":
-        model = PreVerifier(spec.hidden_dim, S, cfg["block"], cfg["d"], max_draft=spec.max_draft,
+        model = PreVerifier(spec.input_dim, S, cfg["block"], cfg["d"], max_draft=spec.max_draft,
                             rank=cfg.get("rank", 0), context=cfg.get("context", True))
     elif kind == "specdecpp":
-        model = TokenHead(spec.hidden_dim, S, cfg["d"], rank=cfg.get("rank", 0))
+        model = TokenHead(spec.input_dim, S, cfg["d"], rank=cfg.get("rank", 0))
     else:
         raise PacerError(f"checkpoint {path} has unknown kind '{kind}'")
     state = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
@@ -103,7 +103,7 @@ def check_cost(kind: str, model: torch.nn.Module, spec: FeatureSpec, reps: int =
     m = spec.max_draft if kind == "pacer" else 1
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")  # where the layer runs
-    h = torch.randn(m, spec.hidden_dim, device=device)
+    h = torch.randn(m, spec.input_dim, device=device)
     hist = RoundHistory()
     times = []
     for _ in range(reps):
@@ -147,6 +147,7 @@ class _LearnedPolicy(DraftPolicy):
             raise PacerError(f"threshold must be in [0, 1], got {self.threshold}")
         self.hidden_layers = spec.hidden_layers
         self.needs_target_state = needs_target_state(spec)
+        self.needs_target_hidden = needs_target_hidden(spec)
         self.hist = RoundHistory()
         key = (self.name, cfg.get("weights_sha256") or id(model), getattr(model, "block", 1), spec)
         if key not in _CHECK_SECONDS:
@@ -157,12 +158,17 @@ class _LearnedPolicy(DraftPolicy):
         self.hist.reset()
 
     def update(self, state: DraftState, result: RoundResult) -> None:
-        self.hist.update(result.drafted, result.accepted, result.target_entropy, result.target_margin)
+        self.hist.update(result.drafted, result.accepted, result.target_entropy, result.target_margin,
+                         result.target_hidden)
 
     def inputs(self, state: DraftState, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Hidden states ``[n - start, D]`` and normalised scalars ``[n - start, S]`` of tokens ``start..n-1``, on
-        the layer's device (the draft's hidden states, e.g. on a GPU, are moved in one transfer per check)."""
+        the layer's device (the draft's hidden states, e.g. on a GPU, are moved in one transfer per check), each
+        followed by the target's hidden state of the round where the layer reads it."""
         hidden = torch.stack(state.hidden[start:])[:, : self.spec.hidden_dim].to(self.device, torch.float32)
+        if self.spec.target_hidden:
+            t = self.hist.target_row(self.spec.target_hidden).to(self.device)
+            hidden = torch.cat([hidden, t.expand(hidden.shape[0], -1)], 1)
         scalars = (scalar_features(state, self.spec, self.hist, start).to(self.device) - self.mu) / self.sd
         return hidden, scalars
 

@@ -69,7 +69,8 @@ def cmd_collect(args) -> int:
     dec = load_decoder(args)
     info = dec.draft_info
     layers = args.layers if args.layers is not None else backends.of(info).default_layers
-    spec = FeatureSpec(layers, info.hidden_size, args.max_draft)
+    spec = FeatureSpec(layers, info.hidden_size, args.max_draft,
+                       target_hidden=dec.target_info.hidden_size if args.target_hidden else 0)
     spec.check_fits(info.layers, info.hidden_size, f"the draft {args.draft}")
     offered = info.open().hidden_layers
     if offered is not None and not set(layers) <= set(offered):
@@ -135,6 +136,9 @@ def register(sub) -> None:
     c.add_argument("--max-draft", type=int, default=16, help="draft tokens per round while collecting")
     c.add_argument("--layers", type=_layers, default=None,
                    help="draft hidden-state layers, e.g. -13,-1 (default: -13,-1; -1 on the llamacpp backend)")
+    c.add_argument("--target-hidden", action="store_true",
+                   help="also record the target's final hidden state at each round's start (the previous "
+                        "verification's bonus position), once per round")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--shard-size", type=int, default=4, help="prompts per shard")
     c.add_argument("--skip", type=int, default=0,

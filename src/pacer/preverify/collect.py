@@ -33,7 +33,7 @@ from ..errors import PacerError
 from ..io import atomic_write_bytes, atomic_write_text
 from ..policies import DRAFT_FEATURES, DraftState, FixedPolicy, RoundResult
 from ..sampling import SamplingConfig
-from .features import FeatureSpec, RoundHistory, needs_target_state, scalar_features
+from .features import FeatureSpec, RoundHistory, needs_target_hidden, needs_target_state, scalar_features
 
 
 @dataclass
@@ -52,9 +52,12 @@ class Recorder(FixedPolicy):
         self.draft_features = DRAFT_FEATURES  # it records every feature (a fixed γ reads none)
         self.needs_soft = True
         self.needs_target_state = needs_target_state(self.spec)
+        self.needs_target_hidden = needs_target_hidden(self.spec)
         self.hist = RoundHistory()
+        # per token; with the target's hidden state also per round: ``round_target_hidden`` [rounds, H] (float16)
+        # and the round id of each row, ``round_target_id``
         self.rows = {k: [] for k in ("hidden", "scalars", "accepted", "cond_valid", "soft", "position", "round",
-                                     "prompt", "temperature", "category")}
+                                     "prompt", "temperature", "category", "round_target_hidden", "round_target_id")}
 
     def reset(self) -> None:
         self.hist.reset()
@@ -74,8 +77,12 @@ class Recorder(FixedPolicy):
         self.rows["prompt"].append(torch.full((n,), self.prompt_id, dtype=torch.int32))
         self.rows["temperature"].append(torch.full((n,), state.temperature, dtype=torch.float32))
         self.rows["category"].append(torch.full((n,), self.category, dtype=torch.int8))
+        if self.needs_target_hidden:  # what this round's features saw: the previous verification's state
+            self.rows["round_target_hidden"].append(self.hist.target_row(self.spec.target_hidden)[None].half())
+            self.rows["round_target_id"].append(torch.tensor([self.round_id], dtype=torch.int32))
         self.round_id += 1
-        self.hist.update(result.drafted, result.accepted, result.target_entropy, result.target_margin)
+        self.hist.update(result.drafted, result.accepted, result.target_entropy, result.target_margin,
+                         result.target_hidden)
 
     def take(self) -> dict[str, torch.Tensor]:
         out = {k: torch.cat(v) for k, v in self.rows.items() if v}
@@ -261,6 +268,8 @@ def load_dataset(folder: Path | str) -> tuple[dict[str, torch.Tensor], dict]:
             raise PacerError(f"{f} was collected with other models or features than {folders[0]}")
     round_off = prompt_off = 0
     for d in datas:
+        if "round_target_id" in d:
+            d["round_target_id"] = d["round_target_id"] + round_off
         d["round"] = d["round"] + round_off
         d["prompt"] = d["prompt"] + prompt_off
         round_off = int(d["round"].max()) + 1

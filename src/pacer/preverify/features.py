@@ -17,6 +17,10 @@ Per draft token ``d_i`` (``i`` = 1-based position in the round's draft) the draf
   how many draft tokens it accepted (``prev_accepted``, ``/ max_draft``). Before the first verification of a
   generation: entropy 0, margin 1, accepted ``max_draft`` (as ``prev_ratio`` starts at 1). A rule cannot see these:
   they are the target's, not the draft's. The loop computes them only for a policy that ``needs_target_state``.
+* ``target_hidden`` (``FeatureSpec.target_hidden`` > 0 values, constant within a round, appended to every token's
+  ``hidden``): the target's final hidden state at the position whose distribution gave the round's last committed
+  token (the previous verification's bonus), which that forward computed anyway; zeros before the first
+  verification. The loop gathers it only for a policy that ``needs_target_hidden``.
 
 Labels, from the target's verification of the same round:
 
@@ -75,15 +79,25 @@ class FeatureSpec:
     hidden_size: int = 896
     max_draft: int = 16
     scalar_names: tuple[str, ...] = SCALAR_NAMES
+    #: size of the target's hidden state appended to each token's hidden states (0: not read)
+    target_hidden: int = 0
 
     @property
     def hidden_dim(self) -> int:
+        """The draft's hidden states per token."""
         return len(self.hidden_layers) * self.hidden_size
+
+    @property
+    def input_dim(self) -> int:
+        """What the layer reads per token besides the scalars: the draft's hidden states, then the target's."""
+        return self.hidden_dim + self.target_hidden
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["hidden_layers"] = list(self.hidden_layers)
         d["scalar_names"] = list(self.scalar_names)
+        if not self.target_hidden:  # specs from before it existed compare equal
+            del d["target_hidden"]
         return d
 
     def check_fits(self, layers: int, hidden_size: int, what: str = "the draft") -> None:
@@ -101,12 +115,18 @@ class FeatureSpec:
 
     @classmethod
     def from_dict(cls, d: dict) -> FeatureSpec:
-        return cls(tuple(d["hidden_layers"]), int(d["hidden_size"]), int(d["max_draft"]), tuple(d["scalar_names"]))
+        return cls(tuple(d["hidden_layers"]), int(d["hidden_size"]), int(d["max_draft"]), tuple(d["scalar_names"]),
+                   int(d.get("target_hidden", 0)))
 
 
 def needs_target_state(spec: FeatureSpec) -> bool:
     """Whether features of ``spec`` read the target's previous verification (the loop then computes it)."""
     return any(name in TARGET_SCALARS for name in spec.scalar_names)
+
+
+def needs_target_hidden(spec: FeatureSpec) -> bool:
+    """Whether features of ``spec`` read the target's hidden state from its last verification."""
+    return spec.target_hidden > 0
 
 
 class RoundHistory:
@@ -123,9 +143,11 @@ class RoundHistory:
         self.t_entropy = self.t_entropy_mean = 0.0
         self.t_margin = self.t_margin_min = 1.0
         self.accepted: int | None = None
+        #: the target's final hidden state at the last verification's bonus position (``None``: none yet)
+        self.t_hidden: torch.Tensor | None = None
 
     def update(self, drafted: int, accepted: int, target_entropy: list[float] | None = None,
-               target_margin: list[float] | None = None) -> None:
+               target_margin: list[float] | None = None, target_hidden: torch.Tensor | None = None) -> None:
         if drafted:
             r = accepted / drafted
             self.prev = r
@@ -137,6 +159,20 @@ class RoundHistory:
         if target_margin:
             self.t_margin = target_margin[-1]
             self.t_margin_min = min(target_margin)
+        if target_hidden is not None:
+            self.t_hidden = target_hidden
+
+    def target_row(self, size: int) -> torch.Tensor:
+        """``[size]`` float32 on the CPU: the target's hidden state the next round's features read (zeros before
+        the first verification)."""
+        if self.t_hidden is None:
+            return torch.zeros(size)
+        if self.t_hidden.numel() != size:
+            from ..errors import PacerError
+
+            raise PacerError(f"the target's hidden state has {self.t_hidden.numel()} values, the layer reads "
+                             f"{size}: use a checkpoint trained for this target")
+        return self.t_hidden
 
 
 def scalar_features(state: DraftState, spec: FeatureSpec, hist: RoundHistory, start: int = 0) -> torch.Tensor:

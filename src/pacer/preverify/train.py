@@ -91,7 +91,9 @@ class Rounds:
         return y, torch.where(self.sampled[:, None], self.valid, self.cond)
 
 
-def to_rounds(data: dict[str, torch.Tensor], max_draft: int) -> Rounds:
+def to_rounds(data: dict[str, torch.Tensor], max_draft: int, target_hidden: bool = True) -> Rounds:
+    """Pad a collection's token rows into rounds; with ``target_hidden`` (and a collection that recorded it) each
+    token's hidden states are followed by the target's hidden state of its round (``FeatureSpec.target_hidden``)."""
     rid = data["round"].long()
     uniq, inv = torch.unique(rid, return_inverse=True)
     R, M = len(uniq), max_draft
@@ -99,7 +101,14 @@ def to_rounds(data: dict[str, torch.Tensor], max_draft: int) -> Rounds:
     keep = pos < M
     inv, pos = inv[keep], pos[keep]
     D, S = data["hidden"].shape[1], data["scalars"].shape[1]
-    hidden = torch.zeros(R, M, D)
+    target = data.get("round_target_hidden") if target_hidden else None
+    hidden = torch.zeros(R, M, D + (target.shape[1] if target is not None else 0))
+    if target is not None:
+        rows = torch.searchsorted(uniq, data["round_target_id"].long())
+        if len(rows) != R or not torch.equal(uniq[rows.clamp_max(R - 1)], data["round_target_id"].long()):
+            raise PacerError("the collection's per-round target hidden states do not match its rounds; collect "
+                             "again into a new --out folder")
+        hidden[rows, :, D:] = target.float()[:, None, :]
     scalars = torch.zeros(R, M, S)
     acc = torch.zeros(R, M)
     valid = torch.zeros(R, M, dtype=torch.bool)
@@ -112,7 +121,7 @@ def to_rounds(data: dict[str, torch.Tensor], max_draft: int) -> Rounds:
     if "temperature" in data:  # collections before the mix recorded greedy rounds only
         temperature[inv] = data["temperature"][keep].float()
         category[inv] = data["category"][keep].long()
-    hidden[inv, pos] = data["hidden"][keep].float()
+    hidden[inv, pos, :D] = data["hidden"][keep].float()
     scalars[inv, pos] = data["scalars"][keep].float()
     acc[inv, pos] = data["accepted"][keep].float()
     valid[inv, pos] = True
@@ -385,21 +394,33 @@ def without_scalars(spec: FeatureSpec, names: tuple[str, ...] | list[str]) -> tu
     return replace(spec, scalar_names=tuple(spec.scalar_names[i] for i in keep)), torch.tensor(keep)
 
 
+#: ablation group of the target's hidden state (not a scalar group)
+TARGET_HIDDEN = "target-hidden"
+ABLATION_GROUPS = (*SCALAR_GROUPS, TARGET_HIDDEN)
+
+
 def ablation(kind: str, tr: Rounds, va: Rounds, spec: FeatureSpec, groups: list[str], full: dict, block: int,
              epochs: int, seed: int, costs: Costs, min_draft: int, log=print, **fit_kw) -> dict:
-    """For each group of :data:`~pacer.preverify.features.SCALAR_GROUPS` the model reads, the same model trained
-    and evaluated (threshold chosen the same way, same split and seed) without that group's scalars: its predicted
-    speedup under ``costs`` and its ratio to the full model's (``full``: the full model's validation report), its
-    block AUC and survival AUC. A ratio below 1 says the group helped."""
+    """For each group of :data:`ABLATION_GROUPS` the model reads (a group of scalars, or the target's hidden
+    state), the same model trained and evaluated (threshold chosen the same way, same split and seed) without that
+    group: its predicted speedup under ``costs`` and its ratio to the full model's (``full``: the full model's
+    validation report), its block AUC and survival AUC. A ratio below 1 says the group helped."""
     out = {}
     for g in groups:
-        if g not in SCALAR_GROUPS:
-            raise PacerError(f"unknown ablation group '{g}' (known: {', '.join(SCALAR_GROUPS)})")
-        present = [n for n in SCALAR_GROUPS[g] if n in spec.scalar_names]
-        if not present:
-            continue
-        sub, keep = without_scalars(spec, present)
-        tr_g, va_g = replace(tr, scalars=tr.scalars[..., keep]), replace(va, scalars=va.scalars[..., keep])
+        if g == TARGET_HIDDEN:  # the target's hidden state, after the draft's in every token's hidden
+            if not spec.target_hidden:
+                continue
+            present = [f"target hidden state ({spec.target_hidden} values)"]
+            D = spec.hidden_dim
+            tr_g, va_g = replace(tr, hidden=tr.hidden[..., :D]), replace(va, hidden=va.hidden[..., :D])
+        elif g not in SCALAR_GROUPS:
+            raise PacerError(f"unknown ablation group '{g}' (known: {', '.join(ABLATION_GROUPS)})")
+        else:
+            present = [n for n in SCALAR_GROUPS[g] if n in spec.scalar_names]
+            if not present:
+                continue
+            _, keep = without_scalars(spec, present)
+            tr_g, va_g = replace(tr, scalars=tr.scalars[..., keep]), replace(va, scalars=va.scalars[..., keep])
         if log:
             log(f"ablation: without {g} ({', '.join(present)})")
         model, mu, sd = fit(kind, tr_g, block, epochs, seed, log=None, **fit_kw)
@@ -432,7 +453,7 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
           hidden_layers: tuple[int, ...] | None = None, log=print, weighted: bool = True,
           token_weight: float = 0.5, rank: int = 8, dropout: float = 0.5, weight_decay: float = 0.05,
           check_seconds: float | None = None, drop_scalars: tuple[str, ...] = (), ablate: tuple[str, ...] = (),
-          context: bool = True) -> dict:
+          context: bool = True, target_hidden: bool = True) -> dict:
     """Train, evaluate and save one checkpoint; returns its config (with the validation report).
 
     The cost of one policy check enters the cost model that picks the threshold; it is measured on this machine
@@ -440,7 +461,8 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
     threshold can too; with ``check_seconds`` fixed, training with the same seed is reproducible. ``drop_scalars``:
     scalar features the model does not read (the checkpoint's spec names the rest); ``ablate``: groups of
     :data:`~pacer.preverify.features.SCALAR_GROUPS` (``all``: every one) to retrain without, one at a time, for
-    the checkpoint's ``ablation`` report (:func:`ablation`)."""
+    the checkpoint's ``ablation`` report (:func:`ablation`); ``target_hidden``: read the target's hidden state where
+    the collection recorded it."""
     if kind not in ("pacer", "specdecpp"):
         raise PacerError(f"unknown kind '{kind}' (use pacer or specdecpp)")
     if block not in (1, 2, 4, 8, 16):
@@ -464,15 +486,21 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
         cols = [c for L in hidden_layers for c in range(spec.hidden_layers.index(L) * H,
                                                          (spec.hidden_layers.index(L) + 1) * H)]
         data["hidden"] = data["hidden"][:, cols]
-        spec = FeatureSpec(tuple(hidden_layers), H, spec.max_draft, spec.scalar_names)
-    rounds = to_rounds(data, spec.max_draft)
+        spec = replace(spec, hidden_layers=tuple(hidden_layers))
+    if spec.target_hidden and "round_target_hidden" not in data:
+        raise PacerError(f"{data_dir} names the target's hidden state but holds none; collect again into a new "
+                         f"--out folder")
+    if not target_hidden:
+        spec = replace(spec, target_hidden=0)
+    rounds = to_rounds(data, spec.max_draft, target_hidden=spec.target_hidden > 0)
     raw_names = list(spec.scalar_names)  # the rules read the draft's scalars whatever the model reads
     if drop_scalars:
         spec, keep = without_scalars(spec, drop_scalars)
-    groups = list(SCALAR_GROUPS) if "all" in ablate else list(ablate)
-    unknown = [g for g in groups if g not in SCALAR_GROUPS]
+    groups = list(ABLATION_GROUPS) if "all" in ablate else list(ablate)
+    unknown = [g for g in groups if g not in ABLATION_GROUPS]
     if unknown:
-        raise PacerError(f"unknown ablation group(s) {', '.join(unknown)} (known: {', '.join(SCALAR_GROUPS)}, all)")
+        raise PacerError(f"unknown ablation group(s) {', '.join(unknown)} (known: {', '.join(ABLATION_GROUPS)}, "
+                         f"all)")
     tr, va_raw = split(rounds, val_frac, seed)
     va = va_raw
     if drop_scalars:
@@ -533,7 +561,7 @@ def retune(ckpt: Path, data_dir: Path, costs: Costs, min_draft: int | None = Non
     model, mu, sd, cfg = load_checkpoint(ckpt)
     data, manifest = load_dataset(data_dir)
     spec = FeatureSpec.from_dict(cfg["feature_spec"])
-    rounds = to_rounds(data, spec.max_draft)
+    rounds = to_rounds(data, spec.max_draft, target_hidden=spec.target_hidden > 0)
     va = rounds if held_out else split(rounds, cfg["train"]["val_frac"], cfg["train"]["seed"])[1]
     md = cfg["min_draft"] if min_draft is None else min_draft
     costs = Costs(costs.draft, costs.target, float(cfg.get("check_seconds", costs.policy_per_check)))
