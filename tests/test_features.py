@@ -27,7 +27,7 @@ from pacer.policies import (
     HeuristicPolicy,
 )
 from pacer.policies.cost_aware import CostAwarePolicy
-from pacer.sampling import argmax
+from pacer.sampling import argmax, softmax_stats
 
 FIELDS = ("prob", "top_prob", "second_prob", "second_token", "entropy")
 
@@ -143,7 +143,7 @@ def _logit_rows() -> list[torch.Tensor]:
     tied = torch.full((300,), -5.0)
     tied[[7, 40]] = 2.0  # equal top two: the first of equals is the top
     masked = torch.randn(400, generator=g)
-    masked[100:] = float("-inf")  # a padded vocabulary (TokenDrafter.align): torch's path for the entropy
+    masked[100:] = float("-inf")  # a padded vocabulary (TokenDrafter.align)
     return [*rows, tied, masked, torch.tensor([3.0]), torch.tensor([0.0, 1.0])]
 
 
@@ -154,6 +154,7 @@ def test_features_from_the_logits_equal_those_from_q(i, asked):
     buffer) are those of ``q = softmax(logits)``, asked for or not, masked ids and ties included."""
     logits = _logit_rows()[i]
     q = torch.softmax(logits, -1)
+    assert softmax_stats(logits.numpy(), entropy=True) is not None  # numpy's path, masked ids included
     for x in {0, int(logits.argmax()), logits.numel() - 1}:
         fast, slow = DraftState(), DraftState()
         token_features(None, x, fast, features=asked, logits=logits)
@@ -194,8 +195,8 @@ def test_argmax_is_torchs():
 
 
 def test_the_target_state_equals_a_float64_reference():
-    """The target's entropy and top-2 margin (the layer's target-state features), numpy's path and torch's (a row
-    with a masked logit takes torch's), against float64."""
+    """The target's entropy and top-2 margin (the layer's target-state features), numpy's path (a row with masked
+    logits too), against float64."""
     from pacer.sampling import target_state
 
     g = torch.Generator().manual_seed(2)

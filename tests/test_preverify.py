@@ -230,8 +230,12 @@ def test_collect_train_and_load_with_the_target_hidden_state(tmp_path, close, mo
     assert cfg["ablation"]["target-hidden"]["dropped"] == [f"target hidden state ({H} values)"]
     model, _, _, _ = load_checkpoint(tmp_path / "ckpt")
     assert model.norm_h.normalized_shape == (128 + H,)
-    pol = make_learned_policy("pacer", tmp_path / "ckpt", close.draft_info.fingerprint, {}, {}, close.draft_info)
+    pol = make_learned_policy("pacer", tmp_path / "ckpt", close.draft_info.fingerprint, {}, {}, close.draft_info,
+                              close.target_info)
     assert pol.needs_target_hidden
+    other = type("Other", (), {"fingerprint": "another-target", "hidden_size": H})()
+    with pytest.raises(PacerError, match="hidden state of target model"):
+        make_learned_policy("pacer", tmp_path / "ckpt", close.draft_info.fingerprint, {}, {}, close.draft_info, other)
     fed = []
     extend = pol.model.extend
     monkeypatch.setattr(pol.model, "extend", lambda memo, h, s: fed.append(h) or extend(memo, h, s))
@@ -287,25 +291,34 @@ def test_target_state_is_the_target_distribution_at_the_accepted_and_bonus_posit
     assert all(r.target_hidden is None for r in plain.results)
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_target_hidden_is_the_final_state_where_the_bonus_token_was_predicted(close, temperature):
+@pytest.mark.parametrize(("method", "temperature"), [("sd", 0.0), ("sd", 1.0), ("ouroboros", 0.0)])
+def test_target_hidden_is_the_final_state_where_the_bonus_token_was_predicted(close, method, temperature):
     """``RoundResult.target_hidden`` is the target's final hidden state at the row whose distribution gave the
     round's last committed token (checked against one plain forward over the output), for rounds that accepted
-    everything, some or nothing."""
-    ids = close.encode("def f(x):\n    return")
-    probe = TargetStateProbe(needs=False, hidden=True)
-    res = close.generate(ids, "sd", max_new_tokens=24, policy=probe,
-                         sampling=SamplingConfig(temperature=temperature, seed=3))
-    target = close.target
-    target.reset()
-    _, hs = target.forward(ids + res.token_ids, keep=1, hidden=True)
-    final = hs[-1].float()
-    start = len(ids)
-    assert len({r.accepted for r in probe.results}) > 1  # rounds that ended at different positions
-    for r in probe.results:
-        assert r.target_hidden.shape == (final.shape[1],) and r.target_hidden.device.type == "cpu"
-        torch.testing.assert_close(r.target_hidden, final[start - 1 + r.accepted], atol=1e-4, rtol=1e-4)
-        start += r.committed
+    everything, some or nothing, and for rounds that a candidate branch (Ouroboros' siblings) extended."""
+    from pacer.drafters.phrase import clear_shared_pools
+
+    clear_shared_pools()
+    extended = 0
+    for text in ("def f(x):\n    return", "The quick brown fox jumps over the lazy dog. The quick brown"):
+        ids = close.encode(text)
+        probe = TargetStateProbe(needs=False, hidden=True)
+        res = close.generate(ids, method, max_new_tokens=32, policy=probe, options={"siblings": 4, "candidates": 2}
+                             if method == "ouroboros" else None, sampling=SamplingConfig(temperature=temperature,
+                                                                                         seed=3))
+        target = close.target
+        target.reset()
+        _, hs = target.forward(ids + res.token_ids, keep=1, hidden=True)
+        final = hs[-1].float()
+        start = len(ids)
+        assert len({r.accepted for r in probe.results}) > 1  # rounds that ended at different positions
+        for r in probe.results:
+            assert r.target_hidden.shape == (final.shape[1],) and r.target_hidden.device.type == "cpu"
+            row = start - 1 + r.accepted + r.extended  # the last committed token came from this row
+            torch.testing.assert_close(r.target_hidden, final[row], atol=1e-4, rtol=1e-4)
+            start += r.committed
+            extended += r.extended
+    assert method != "ouroboros" or extended > 0
 
 
 def random_policy(kind: str, block: int = 2, threshold: float = 0.5, seed: int = 0, hidden: int = 64):

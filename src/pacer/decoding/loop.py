@@ -127,8 +127,10 @@ def speculative_generate(
             soft = acceptance_probs(draft.tokens, draft.state.prob, p if p is not None else torch.softmax(logits, -1)) \
                 if policy.needs_soft and γ else []
             t_ent, t_margin = target_state(logits[: n + 1]) if policy.needs_target_state else ([], [])
-            # the final hidden state at the row whose distribution gave x (row n of logits)
-            t_hidden = t_hs[-1][len(pending) - 1 + n].to("cpu", torch.float32) if t_hs is not None else None
+            # the final hidden state at the row whose distribution gave the last committed token (row n of scores,
+            # or a matched branch's last row); a copy, not a view that keeps the whole forward's states alive
+            t_hidden = t_hs[-1][len(pending) - 1 + (draft.bonus_row if draft.extension else n)].to(
+                "cpu", torch.float32, copy=True) if t_hs is not None else None
             branched = sum(len(b) for b in draft.branches)
             policy.update(draft.state, RoundResult(γ, n, soft, t1 - t0 - draft.policy_time - draft.pool_time,
                                                    t2 - t1, len(ids), draft.forwards, len(committed), branched,

@@ -38,6 +38,9 @@ class Draft:
     anchors: list[int] = field(default_factory=list)
     extension: list[int] = field(default_factory=list)
     branch: int = -1
+    #: the row of the verification's logits that gave the round's last committed token, when a branch extended
+    #: the round (:meth:`accept_branch`; -1: none did, the row is ``n``)
+    bonus_row: int = -1
     #: seconds of the drafter's own bookkeeping in this proposal (a phrase pool's lookups and learning)
     pool_time: float = 0.0
 
@@ -92,7 +95,8 @@ class Draft:
     def accept_branch(self, logits: torch.Tensor, start: int, n: int, x: int) -> int:
         """Greedy, ``n`` draft tokens accepted, ``x`` the target's token after ``d_n``; ``logits`` of the whole
         tree forward, branch rows from ``start``. Sets ``extension`` to the longest matching prefix of a branch
-        anchored at ``n`` and returns the target's token after it (``x`` when no branch matches)."""
+        anchored at ``n`` and returns the target's token after it (``x`` when no branch matches); ``bonus_row``: the
+        row of ``logits`` that gave that token where a branch matched."""
         am = argmax(logits[start:])
         best, bonus, o = 0, x, 0
         for j, b in enumerate(self.branches):
@@ -101,7 +105,7 @@ class Draft:
                 nxt = am[o + m]
                 m += 1
             if m > best:
-                best, bonus, self.branch = m, nxt, j
+                best, bonus, self.branch, self.bonus_row = m, nxt, j, start + o + m - 1
             o += len(b)
         self.extension = self.branches[self.branch][:best] if best else []
         return bonus

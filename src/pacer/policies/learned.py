@@ -268,11 +268,21 @@ class SpecDecPPPolicy(_LearnedPolicy):
 
 
 def make_learned_policy(kind: str, path: Path | str | None, draft_fingerprint: str | None, bounds: dict,
-                        opts: dict, draft=None) -> DraftPolicy:
+                        opts: dict, draft=None, target=None) -> DraftPolicy:
+    """The ``kind`` policy of checkpoint ``path`` (``None``: the shipped one of the draft's backend); ``target``
+    (a :class:`pacer.models.LoadedModel`): a checkpoint that reads the target's hidden state must have been
+    trained for it (checked here, before any generation)."""
     ckpt = Path(path) if path else default_checkpoint(kind, draft.backend if draft is not None else "transformers")
     model, mu, sd, cfg = load_checkpoint(ckpt, draft_fingerprint, draft)
     if cfg["kind"] != kind:
         raise PacerError(f"checkpoint {ckpt} is a '{cfg['kind']}' checkpoint, not '{kind}'")
+    size = FeatureSpec.from_dict(cfg["feature_spec"]).target_hidden
+    if size and target is not None and (cfg.get("target_fingerprint") != target.fingerprint
+                                        or target.hidden_size != size):
+        raise PacerError(f"checkpoint {ckpt} reads the hidden state of target model "
+                         f"{str(cfg.get('target_fingerprint'))[:16]}..., not of this target "
+                         f"({target.fingerprint[:16]}...); collect and train one for this pair (pacer collect "
+                         f"--target-hidden, pacer train)")
     cls = PacerPolicy if kind == "pacer" else SpecDecPPPolicy
     extra = {"block": opts.pop("block")} if kind == "pacer" and "block" in opts else {}
     if opts:
@@ -294,7 +304,8 @@ def load_policy(pair: Pair, kind: str, bounds: dict, opts: dict) -> DraftPolicy:
     if path is None and not (default_checkpoint(kind, backend) / "config.json").exists():
         raise PacerError(f"no shipped {kind} checkpoint for the {backend} backend; pass a checkpoint folder as the "
                          f"option path (--preverifier)")
-    pol = make_learned_policy(kind, path, pair.draft_info.fingerprint, {**bounds}, opts, pair.draft_info)
+    pol = make_learned_policy(kind, path, pair.draft_info.fingerprint, {**bounds}, opts, pair.draft_info,
+                              pair.target_info)
     if thr is not None or "threshold" in given:
         pol.threshold = None if thr is None else float(thr)
     return pol

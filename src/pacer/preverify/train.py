@@ -91,8 +91,8 @@ class Rounds:
         return y, torch.where(self.sampled[:, None], self.valid, self.cond)
 
 
-def to_rounds(data: dict[str, torch.Tensor], max_draft: int, target_hidden: bool = True) -> Rounds:
-    """Pad a collection's token rows into rounds; with ``target_hidden`` (and a collection that recorded it) each
+def to_rounds(data: dict[str, torch.Tensor], max_draft: int, target_hidden: bool = False) -> Rounds:
+    """Pad a collection's token rows into rounds; with ``target_hidden`` (the collection must have recorded it) each
     token's hidden states are followed by the target's hidden state of its round (``FeatureSpec.target_hidden``)."""
     rid = data["round"].long()
     uniq, inv = torch.unique(rid, return_inverse=True)
@@ -102,6 +102,9 @@ def to_rounds(data: dict[str, torch.Tensor], max_draft: int, target_hidden: bool
     inv, pos = inv[keep], pos[keep]
     D, S = data["hidden"].shape[1], data["scalars"].shape[1]
     target = data.get("round_target_hidden") if target_hidden else None
+    if target_hidden and target is None:
+        raise PacerError("the checkpoint reads the target's hidden state, which this collection did not record; "
+                         "use a collection made with pacer collect --target-hidden")
     hidden = torch.zeros(R, M, D + (target.shape[1] if target is not None else 0))
     if target is not None:
         rows = torch.searchsorted(uniq, data["round_target_id"].long())
