@@ -23,7 +23,7 @@ from pacer.costs import Costs
 from pacer.policies.base import DraftPolicy, DraftState, RoundResult
 from pacer.policies.cost_aware import CostAwarePolicy
 from pacer.policies.learned import default_checkpoint, load_checkpoint
-from pacer.preverify.features import FeatureSpec
+from pacer.preverify.features import FeatureSpec, needs_target_hidden
 from pacer.preverify.train import _sweep, load_dataset, scores, split, to_rounds
 from pacer.preverify.validation import predicted_speedup, survival_cumsum
 
@@ -76,7 +76,7 @@ def main() -> None:
         raise SystemExit("replay_cost_rule.py: needs a pacer checkpoint with block 1 (a score at every position)")
     spec = FeatureSpec.from_dict(cfg["feature_spec"])
     data, _ = load_dataset(Path(a.data or cfg["train"]["data"]))
-    rounds = to_rounds(data, spec.max_draft, target_hidden=spec.target_hidden > 0)
+    rounds = to_rounds(data, spec.max_draft, target_hidden=needs_target_hidden(spec))
     _, va = split(rounds, cfg["train"]["val_frac"], cfg["train"]["seed"])
     costs = Costs.from_dict(cfg["costs"])
     free = Costs(costs.draft, costs.target, 0.0)  # a rule's check is priced as free, as in the validation report

@@ -81,7 +81,7 @@ def token_features(q: torch.Tensor | None, x: int, state: DraftState, index: int
     values = None
     if logits is not None:
         if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 1:
-            values = _features_logits(logits.detach().numpy(), at, "entropy" in features)
+            values = _features_logits(logits.detach().numpy(), at, top, "entropy" in features)
         if values is None:
             q = torch.softmax(logits.float(), -1)
     if values is not None:
@@ -98,9 +98,11 @@ def token_features(q: torch.Tensor | None, x: int, state: DraftState, index: int
             getattr(state, name).append(values[name])
 
 
-def _features_logits(row: np.ndarray, at: int, entropy: bool) -> tuple[float, float, float, float, int] | None:
-    """:func:`_features_numpy`'s values from a logits row, without its probability row (``None``: not finite)."""
-    st = softmax_stats(row, entropy)
+def _features_logits(row: np.ndarray, at: int, top: bool,
+                     entropy: bool) -> tuple[float, float, float, float, int] | None:
+    """:func:`_features_numpy`'s values from a logits row, without its probability row (the second choice only
+    where ``top``; ``None``: not finite)."""
+    st = softmax_stats(row, entropy, second=top)
     if st is None:
         return None
     second, alt = (st.prob(st.j), st.j) if st.j >= 0 else (0.0, 0)

@@ -32,7 +32,7 @@ from ..errors import PacerError
 from ..io import atomic_write_bytes, atomic_write_text
 from ..policies.learned import check_cost, load_checkpoint
 from .collect import load_dataset
-from .features import SCALAR_GROUPS, FeatureSpec
+from .features import SCALAR_GROUPS, FeatureSpec, needs_target_hidden
 from .layer import PreVerifier, TokenHead, param_count
 from .validation import (
     RULES,
@@ -103,7 +103,7 @@ def to_rounds(data: dict[str, torch.Tensor], max_draft: int, target_hidden: bool
     D, S = data["hidden"].shape[1], data["scalars"].shape[1]
     target = data.get("round_target_hidden") if target_hidden else None
     if target_hidden and target is None:
-        raise PacerError("the checkpoint reads the target's hidden state, which this collection did not record; "
+        raise PacerError("the features read the target's hidden state, which this collection did not record; "
                          "use a collection made with pacer collect --target-hidden")
     hidden = torch.zeros(R, M, D + (target.shape[1] if target is not None else 0))
     if target is not None:
@@ -463,7 +463,7 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
     (:func:`check_cost`) unless ``check_seconds`` is given. A measured time varies run to run, so the chosen
     threshold can too; with ``check_seconds`` fixed, training with the same seed is reproducible. ``drop_scalars``:
     scalar features the model does not read (the checkpoint's spec names the rest); ``ablate``: groups of
-    :data:`~pacer.preverify.features.SCALAR_GROUPS` (``all``: every one) to retrain without, one at a time, for
+    :data:`ABLATION_GROUPS` (``all``: every one) to retrain without, one at a time, for
     the checkpoint's ``ablation`` report (:func:`ablation`); ``target_hidden``: read the target's hidden state where
     the collection recorded it."""
     if kind not in ("pacer", "specdecpp"):
@@ -490,12 +490,9 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
                                                          (spec.hidden_layers.index(L) + 1) * H)]
         data["hidden"] = data["hidden"][:, cols]
         spec = replace(spec, hidden_layers=tuple(hidden_layers))
-    if spec.target_hidden and "round_target_hidden" not in data:
-        raise PacerError(f"{data_dir} names the target's hidden state but holds none; collect again into a new "
-                         f"--out folder")
     if not target_hidden:
         spec = replace(spec, target_hidden=0)
-    rounds = to_rounds(data, spec.max_draft, target_hidden=spec.target_hidden > 0)
+    rounds = to_rounds(data, spec.max_draft, target_hidden=needs_target_hidden(spec))
     raw_names = list(spec.scalar_names)  # the rules read the draft's scalars whatever the model reads
     if drop_scalars:
         spec, keep = without_scalars(spec, drop_scalars)
@@ -564,7 +561,7 @@ def retune(ckpt: Path, data_dir: Path, costs: Costs, min_draft: int | None = Non
     model, mu, sd, cfg = load_checkpoint(ckpt)
     data, manifest = load_dataset(data_dir)
     spec = FeatureSpec.from_dict(cfg["feature_spec"])
-    rounds = to_rounds(data, spec.max_draft, target_hidden=spec.target_hidden > 0)
+    rounds = to_rounds(data, spec.max_draft, target_hidden=needs_target_hidden(spec))
     va = rounds if held_out else split(rounds, cfg["train"]["val_frac"], cfg["train"]["seed"])[1]
     md = cfg["min_draft"] if min_draft is None else min_draft
     costs = Costs(costs.draft, costs.target, float(cfg.get("check_seconds", costs.policy_per_check)))
