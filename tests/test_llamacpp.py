@@ -9,6 +9,7 @@ one-line errors before any model loads."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -223,6 +224,33 @@ def test_auto_backend_picks_llamacpp_for_gguf_pairs_only(files, tmp_path):
     assert resolve("auto", [t, d], draft_vocab=1000) == "transformers"
     assert resolve("auto", [t, d], device="cuda") == "transformers"  # llama.cpp runs on the CPU in this build
     assert resolve("transformers", [t, d]) == "transformers"
+
+
+def test_a_build_with_llamas_amx_kernels_is_refused_before_it_crashes(files, monkeypatch, capsys):
+    """llama.cpp 0.3.36's AMX kernels die with an illegal instruction (no Python error, no message) on an AMX
+    Xeon: a build that reports them is not used - ``auto`` takes PyTorch and says why, ``--backend llamacpp`` is a
+    one-line error (exit 2) before any model loads - unless PACER_LLAMA_AMX=1 says it is known to work."""
+    from pacer import backends, models
+
+    amx = b"CPU : AVX2 = 1 | AVX512 = 1 | AVX512_BF16 = 1 | AMX_INT8 = 1 | LLAMAFILE = 1 | "
+    monkeypatch.delenv(models.LLAMA_AMX_ENV, raising=False)
+    assert "AMX kernels" in models.llama_amx_problem(amx)
+    assert models.llama_amx_problem(amx.replace(b"AMX_INT8 = 1 | ", b"")) is None
+    monkeypatch.setattr(models, "llama_amx_problem", lambda info=None: "built with llama.cpp's AMX kernels")
+    t, d = str(files[0]), str(files[1])
+    assert backends.resolve("auto", [t, d]) == "transformers"
+    assert "AMX" in backends.reason("transformers")
+    with pytest.raises(PacerError, match="AMX kernels"):
+        backends.check("llamacpp", t, d)
+    monkeypatch.undo()
+    monkeypatch.setenv(models.LLAMA_AMX_ENV, "1")
+    assert models.llama_amx_problem(amx) is None
+    env = {**os.environ, models.LLAMA_AMX_ENV: "0"}
+    bad = ("import sys, pacer.models as m; m.llama_amx_problem = lambda info=None: 'built with AMX kernels'; "
+           "from pacer.cli import main; sys.exit(main())")
+    r = subprocess.run([sys.executable, "-c", bad, "generate", "hi", "--backend", "llamacpp", "--target", t,
+                        "--draft", d], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 2 and "AMX kernels" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 def test_near_tie_counts_the_backends_block_noise(dec):

@@ -335,7 +335,31 @@ def _llama_missing() -> str | None:
     if importlib.util.find_spec("llama_cpp") is None:
         return (f"the llamacpp backend needs llama-cpp-python=={LLAMA_CPP_VERSION}; run `bash scripts/setup.sh` "
                 f"(it builds it, about 10 minutes once)")
-    return None
+    return llama_amx_problem()
+
+
+#: set to 1 to run a llama-cpp-python build with llama.cpp's AMX kernels anyway (see :func:`llama_amx_problem`)
+LLAMA_AMX_ENV = "PACER_LLAMA_AMX"
+
+
+def llama_amx_problem(system_info: bytes | None = None) -> str | None:
+    """Why the installed llama-cpp-python cannot run here, where its build compiled llama.cpp's AMX kernels
+    (``system_info``: what ``llama_print_system_info`` says; read from the library when ``None``): in this
+    release they die with an illegal instruction at the first matrix product (an Intel Xeon, family 6 model 207:
+    ``tilezero`` with no tile configuration loaded; ggml-org/llama.cpp PR 26954), which would kill the process
+    with no message. ``scripts/setup.sh`` builds without them on an AMX CPU; :data:`LLAMA_AMX_ENV` ``=1``
+    overrides the check for a build known to work."""
+    if os.environ.get(LLAMA_AMX_ENV) == "1":
+        return None
+    if system_info is None:
+        from .decoding.llama_backend import lib
+
+        system_info = bytes(lib().llama_print_system_info())
+    if b"AMX_INT8 = 1" not in system_info:
+        return None
+    return (f"the installed llama-cpp-python was built with llama.cpp's AMX kernels, which crash (illegal "
+            f"instruction) in this release; run `bash scripts/setup.sh` to rebuild it without them, or use "
+            f"--backend transformers ({LLAMA_AMX_ENV}=1 runs it anyway)")
 
 
 LLAMACPP = backends.register(backends.Backend(
