@@ -147,11 +147,21 @@ def _logit_rows() -> list[torch.Tensor]:
     return [*rows, tied, masked, torch.tensor([3.0]), torch.tensor([0.0, 1.0])]
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native", "numpy"])
 @pytest.mark.parametrize("i", range(7))
 @pytest.mark.parametrize("asked", [DRAFT_FEATURES, frozenset({"prob"}), frozenset({"top_prob", "entropy"})])
-def test_features_from_the_logits_equal_those_from_q(i, asked):
-    """A greedy draft passes its logits row, not ``q``: the features read from it (one exponential into a reused
-    buffer) are those of ``q = softmax(logits)``, asked for or not, masked ids and ties included."""
+def test_features_from_the_logits_equal_those_from_q(i, asked, native, monkeypatch):
+    """A greedy draft passes its logits row, not ``q``: the features read from it (one pass of pacer.native's
+    kernel, or numpy's exponential into a reused buffer) are those of ``q = softmax(logits)``, asked for or not,
+    masked ids and ties included."""
+    from pacer import native as nat
+
+    if native:
+        assert nat.exp_stats_kernel() is not None or nat._compiler() is None  # built wherever a compiler is
+        if nat.exp_stats_kernel() is None:
+            pytest.skip("no C compiler here: numpy's path only")
+    else:
+        monkeypatch.setitem(nat._state, "exp_stats", None)
     logits = _logit_rows()[i]
     q = torch.softmax(logits, -1)
     assert softmax_stats(logits.numpy(), entropy=True) is not None  # numpy's path, masked ids included
