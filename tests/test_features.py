@@ -161,7 +161,7 @@ def test_features_from_the_logits_equal_those_from_q(i, asked, native, monkeypat
         if nat.exp_stats_kernel() is None:
             pytest.skip("no C compiler here: numpy's path only")
     else:
-        monkeypatch.setitem(nat._state, "exp_stats", None)
+        monkeypatch.setitem(nat._state, "kernels", None)
     logits = _logit_rows()[i]
     q = torch.softmax(logits, -1)
     assert softmax_stats(logits.numpy(), entropy=True) is not None  # numpy's path, masked ids included

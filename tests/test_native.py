@@ -27,7 +27,8 @@ def home(tmp_path, monkeypatch):
 def _reference(row: np.ndarray) -> tuple[float, float]:
     d = row.astype(np.float64) - float(row.max())
     e = np.exp(d)
-    return float(e.sum()), float(np.where(e > 0, e * d, 0.0).sum())
+    with np.errstate(invalid="ignore"):  # 0 · -inf at a masked id: its term is 0
+        return float(e.sum()), float(np.where(e > 0, e * d, 0.0).sum())
 
 
 def test_kernel_agrees_with_float64_and_softmax_stats_with_numpys_path(home, monkeypatch):
@@ -41,9 +42,10 @@ def test_kernel_agrees_with_float64_and_softmax_stats_with_numpys_path(home, mon
         rz, rs = _reference(row)
         assert z == pytest.approx(rz, rel=1e-6) and s == pytest.approx(rs, rel=1e-5, abs=1e-6 * rz)
         fast = softmax_stats(row)
-        monkeypatch.setitem(native._state, "exp_stats", None)
+        k = native._state["kernels"]
+        monkeypatch.setitem(native._state, "kernels", None)
         slow = softmax_stats(row)
-        monkeypatch.setitem(native._state, "exp_stats", f)
+        monkeypatch.setitem(native._state, "kernels", k)
         assert (fast.i, fast.j) == (slow.i, slow.j)
         assert fast.z == pytest.approx(slow.z, rel=1e-5) and fast.entropy == pytest.approx(slow.entropy, abs=1e-5)
         assert 1.0 / fast.z == pytest.approx(math.exp(-math.log(rz)), rel=1e-6)
@@ -51,13 +53,13 @@ def test_kernel_agrees_with_float64_and_softmax_stats_with_numpys_path(home, mon
 
 def test_built_once_then_loaded_from_the_verified_cache(home, monkeypatch):
     assert native.exp_stats_kernel() is not None
-    (verdict,) = home.glob("rowstats-*.json")
+    (verdict,) = home.glob("kernels-*.json")
     assert json.loads(verdict.read_text())["ok"] is True
     calls = []
     monkeypatch.setattr(native, "_check", lambda path: calls.append(path) or True)
     monkeypatch.setattr(native, "_state", {})
     assert native.exp_stats_kernel() is not None and calls == []  # the cached build, no new check
-    (lib,) = home.glob("rowstats-*.so")
+    (lib,) = home.glob("kernels-*.so")
     damaged = lib.with_suffix(".tmp")  # a new file, not the one this process has mapped
     damaged.write_bytes(lib.read_bytes() + b"\0")  # damaged: its sha256 no longer matches the verdict
     damaged.replace(lib)
@@ -68,7 +70,7 @@ def test_built_once_then_loaded_from_the_verified_cache(home, monkeypatch):
 def test_a_build_that_fails_its_check_is_never_used_and_numpys_path_runs(home, monkeypatch):
     monkeypatch.setattr(native, "_check", lambda path: False)
     assert native.exp_stats_kernel() is None
-    (verdict,) = home.glob("rowstats-*.json")
+    (verdict,) = home.glob("kernels-*.json")
     assert json.loads(verdict.read_text())["ok"] is False
     monkeypatch.setattr(native, "_check", lambda path: pytest.fail("the failed verdict is kept, not rechecked"))
     monkeypatch.setattr(native, "_state", {})
@@ -90,13 +92,17 @@ def test_no_compiler_or_switched_off_means_numpy(home, monkeypatch):
 
 def test_the_separate_check_rejects_a_wrong_kernel(home, tmp_path):
     """The check really runs the library: one whose sums are off fails it."""
-    bad = tmp_path / "bad.c"
-    bad.write_text(native.SOURCE.read_text().replace("zt += zb;", "zt += zb * 1.001f;"))
-    out = tmp_path / "bad.so"
     import subprocess
 
-    subprocess.run([native._compiler(), *native.FLAGS, "-o", str(out), str(bad)], check=True)
-    assert native._check(out) is False
-    good = tmp_path / "good.so"
-    subprocess.run([native._compiler(), *native.FLAGS, "-o", str(good), str(native.SOURCE)], check=True)
-    assert native._check(good) is True
+    def build(name: str, source: str) -> object:
+        (tmp_path / f"{name}.c").write_text(source)
+        out = tmp_path / f"{name}.so"
+        subprocess.run([native._compiler(), *native.FLAGS, "-o", str(out), str(tmp_path / f"{name}.c"), *native.LIBS],
+                       check=True)
+        return out
+
+    src = native.SOURCE.read_text()
+    assert native._check(build("sums", src.replace("zt += zb;", "zt += zb * 1.001f;"))) is False
+    assert native._check(build("layer", src.replace("affine(L->w_o, L->b_o, o, d, d, z, 1);",
+                                                    "affine(L->w_o, L->b_o, o, d, d, z, 0);"))) is False
+    assert native._check(build("good", src)) is True

@@ -379,13 +379,22 @@ def test_pacer_drafts_in_whole_blocks(pairs):
     assert set(res.stats.draft_lengths[:-1]) == {4}
 
 
-@pytest.mark.parametrize("path", ["numpy", "torch"])
+@pytest.mark.parametrize("path", ["native", "numpy", "torch"])
 @pytest.mark.parametrize("context", [True, False])
 @pytest.mark.parametrize("block", [1, 2, 4])
-def test_the_layer_fed_a_few_tokens_at_a_time_scores_as_its_forward_over_the_whole_draft(block, context, path):
-    """``PreVerifier.extend`` (what a check runs: numpy's folded copy on a CPU, torch elsewhere) equals ``forward``
-    over the draft so far, at every length and however the tokens are grouped: the layer is causal, so earlier
-    tokens' states are reused, never recomputed."""
+def test_the_layer_fed_a_few_tokens_at_a_time_scores_as_its_forward_over_the_whole_draft(block, context, path,
+                                                                                        monkeypatch):
+    """``PreVerifier.extend`` (what a check runs: on a CPU the folded copy, one native call a token where
+    pacer.native is built, else numpy's operations; torch elsewhere) equals ``forward`` over the draft so far, at
+    every length and however the tokens are grouped: the layer is causal, so earlier tokens' states are reused,
+    never recomputed."""
+    from pacer import native
+
+    if path == "native" and native.kernels() is None:
+        assert native._compiler() is None  # built wherever a compiler is
+        pytest.skip("no C compiler here: numpy's path only")
+    if path == "numpy":
+        monkeypatch.setitem(native._state, "kernels", None)
     torch.manual_seed(block)
     rank = 4 if context else 0  # the low-rank hidden projection and the full one
     layer = PreVerifier(40, 5, block=block, d=16, heads=2, max_draft=16, rank=rank, context=context).eval()
@@ -396,7 +405,7 @@ def test_the_layer_fed_a_few_tokens_at_a_time_scores_as_its_forward_over_the_who
         torch.nn.init.normal_(norm.weight, 1.0, 0.3)
         torch.nn.init.normal_(norm.bias, 0.0, 0.3)
     h, s = torch.randn(1, 11, 40), torch.randn(1, 11, 5)
-    extend = layer.extend if path == "numpy" else layer.extend_torch
+    extend = layer.extend_torch if path == "torch" else layer.extend
     with torch.no_grad():
         for n in range(1, 12):
             _, blk = layer(h[:, :n], s[:, :n])

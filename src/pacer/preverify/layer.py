@@ -24,11 +24,14 @@ token is rejected) exceeds the threshold.
 
 from __future__ import annotations
 
+import ctypes
 import math
 
 import numpy as np
 import torch
 from torch import nn
+
+from .. import native
 
 
 class PreVerifier(nn.Module):
@@ -156,6 +159,7 @@ class CpuExtend:
         self.w_2, self.b_2 = arr(m.mlp[2].weight), arr(m.mlp[2].bias)
         self.w_t, self.b_t = arr(m.token_head.weight)[0], float(m.token_head.bias[0])
         self.w_b, self.b_b = arr(m.block_head.weight)[0], float(m.block_head.bias[0])
+        self._layer = None  # the native record of these weights, made on first use
 
     def current(self) -> bool:
         return [p._version for p in self._params] == self._versions
@@ -171,9 +175,14 @@ class CpuExtend:
         erf = np.fromiter(map(math.erf, (u.ravel() / math.sqrt(2.0)).tolist()), np.float64, u.size)
         return (0.5 * u * (1.0 + erf.reshape(u.shape))).astype(np.float32)
 
-    def extend(self, memo: PrefixState, hidden: np.ndarray, scalars: np.ndarray, block: int) -> float | None:
+    def extend(self, memo: PrefixState, hidden: np.ndarray, scalars: np.ndarray, block: int,
+               kernels: object = "auto") -> float | None:
         """:meth:`PreVerifier.extend` of float32 rows ``hidden [r, D]``, ``scalars [r, S]`` (``memo`` holds numpy
-        arrays)."""
+        arrays): one native call a row where this machine has :mod:`pacer.native` built (``kernels``: ``"auto"``
+        looks; ``None`` takes numpy's operations), numpy's operations otherwise."""
+        k = native.kernels() if kernels == "auto" else kernels
+        if k is not None and memo.n + hidden.shape[0] <= self.pos.shape[0]:
+            return self._extend_native(k, memo, hidden, scalars, block)
         n, r = memo.n, hidden.shape[0]
         z = self._standard(hidden, self.eps[0]) @ self.w_h.T + self.b_h + scalars @ self.w_s.T + self.b_s \
             + self.pos[n : n + r]
@@ -197,6 +206,50 @@ class CpuExtend:
                           lambda zb: float(np.concatenate([zb[-1], zb.mean(0)]) @ self.w_b) + self.b_b)
 
 
+    def _extend_native(self, k, memo: PrefixState, hidden: np.ndarray, scalars: np.ndarray,
+                       block: int) -> float | None:
+        """:meth:`extend` one row at a time through ``pacer_layer_step``: the keys, values and states go into
+        ``memo``'s buffers of ``max_draft`` rows, of which ``memo.k``/``v``/``z`` are views."""
+        n, r = memo.n, hidden.shape[0]
+        m, d = self.pos.shape
+        buf = memo.native
+        if buf is None or memo.native_n != n:  # a new draft, or rows that numpy's path added: copy them in
+            buf = memo.native = np.zeros((3, m, d), np.float32)
+            if n:
+                buf[2, :n] = memo.z
+                if self.context:
+                    buf[0, :n], buf[1, :n] = memo.k.reshape(n, d), memo.v.reshape(n, d)
+        if self._layer is None:
+            self._layer = self._struct(d)  # (byref, the record it refers to)
+        hidden = np.ascontiguousarray(hidden, np.float32)
+        scalars = np.ascontiguousarray(scalars, np.float32)
+        K, V, Z = buf[0].ctypes.data, buf[1].ctypes.data, buf[2].ctypes.data
+        for j in range(r):
+            if k.layer_step(self._layer[0], hidden[j].ctypes.data, scalars[j].ctypes.data, n + j, K, V, Z):
+                raise ValueError(f"the native layer step refused token {n + j} of a draft of at most {m}")
+        memo.native_n = n + r
+        memo.z = buf[2, : n + r]
+        if self.context:
+            memo.k = buf[0, : n + r].reshape(n + r, self.heads, d // self.heads)
+            memo.v = buf[1, : n + r].reshape(n + r, self.heads, d // self.heads)
+        log_sigma = [-math.log1p(math.exp(-c)) if c >= 0 else c - math.log1p(math.exp(c))
+                     for c in (memo.z[n:] @ self.w_t + self.b_t).tolist()]
+        return memo.close(log_sigma, block,
+                          lambda zb: float(np.concatenate([zb[-1], zb.mean(0)]) @ self.w_b) + self.b_b)
+
+    def _struct(self, d: int):
+        """The ``pacer_layer`` record of these weights (the arrays it points into are kept on ``self``)."""
+        f32 = ctypes.POINTER(ctypes.c_float)
+        arrays = {name: np.ascontiguousarray(getattr(self, name), np.float32)
+                  for name in ("w_h", "b_h", "w_s", "b_s", "pos", "w_qkv", "b_qkv", "w_o", "b_o", "w_1", "b_1",
+                               "w_2", "b_2")}
+        self._arrays = arrays
+        rec = native.Layer(D=self.w_h.shape[1], S=self.w_s.shape[1], d=d, heads=self.heads, context=int(self.context),
+                           tanh_gelu=int(self.tanh_gelu), max=self.pos.shape[0], eps_h=self.eps[0], eps_a=self.eps[1],
+                           eps_m=self.eps[2], **{name: a.ctypes.data_as(f32) for name, a in arrays.items()})
+        return ctypes.byref(rec), rec
+
+
 class PrefixState:
     """:meth:`PreVerifier.extend`'s memory of one draft's first ``n`` tokens: the attention's keys and values
     (torch ``[heads, n, d / heads]``, or numpy ``[n, heads, d / heads]`` on a CPU), the contextual states ``z``
@@ -209,6 +262,9 @@ class PrefixState:
         self.v: torch.Tensor | None = None
         self.z: torch.Tensor | None = None
         self.log_survival: list[float] = []  # Σ_{j<=i} log σ(c_j) for i = 1..n
+        #: the native path's buffers ``[3 (k, v, z), max_draft, d]`` and how many of their rows are this draft's
+        self.native: np.ndarray | None = None
+        self.native_n = 0
 
     @property
     def n(self) -> int:
