@@ -243,7 +243,7 @@ def test_collect_train_and_load_with_the_target_hidden_state(tmp_path, close, mo
     ar = close.generate(ids, "ar", max_new_tokens=30)
     assert close.generate(ids, "pacer", max_new_tokens=30, policy=pol).token_ids == ar.token_ids
     assert fed and all(h.shape[1] == 128 + H for h in fed)
-    assert fed[0][:, 128:].abs().sum() == 0 and any(h[:, 128:].abs().sum() > 0 for h in fed[1:])
+    assert abs(fed[0][:, 128:]).sum() == 0 and any(abs(h[:, 128:]).sum() > 0 for h in fed[1:])
     plain = train(tmp_path / "data", None, "pacer", block=2, epochs=1, log=None, target_hidden=False)
     assert "target_hidden" not in plain["feature_spec"]
 

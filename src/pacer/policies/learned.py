@@ -19,11 +19,19 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from safetensors.torch import load_file
 
 from ..errors import PacerError
-from ..preverify.features import FeatureSpec, RoundHistory, needs_target_hidden, needs_target_state, scalar_features
+from ..preverify.features import (
+    SCALARS,
+    FeatureSpec,
+    RoundHistory,
+    needs_target_hidden,
+    needs_target_state,
+    scalar_features,
+)
 from ..preverify.layer import PrefixState, PreVerifier, TokenHead
 from .base import DraftPolicy, DraftState, RoundResult
 
@@ -138,6 +146,7 @@ class _LearnedPolicy(DraftPolicy):
         super().__init__(cfg.get("min_draft", 1) if min_draft is None else min_draft,
                          spec.max_draft if max_draft is None else max_draft)
         self.model, self.mu, self.sd, self.cfg, self.spec = model, mu, sd, cfg, spec
+        self._mu_np, self._sd_np = mu.float().cpu().numpy(), sd.float().cpu().numpy()
         #: where the layer runs (with its normaliser): the CPU for a loaded checkpoint, whatever the draft's device
         self.device = mu.device
         #: ``None`` after construction: no threshold, the layer's survival score feeds the cost-aware rule
@@ -172,6 +181,20 @@ class _LearnedPolicy(DraftPolicy):
         scalars = (scalar_features(state, self.spec, self.hist, start).to(self.device) - self.mu) / self.sd
         return hidden, scalars
 
+    def inputs_numpy(self, state: DraftState, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`inputs` as float32 numpy arrays, for a layer on the CPU, without torch operations (each costs
+        microseconds, and a check runs right after a draft forward has left the caches cold)."""
+        rows = state.hidden[start:]
+        hidden = np.stack([h.numpy() for h in rows]) if len(rows) > 1 else rows[0].numpy()[None]
+        hidden = hidden[:, : self.spec.hidden_dim]
+        if self.spec.target_hidden:
+            t = self.hist.target_row(self.spec.target_hidden).numpy()
+            hidden = np.concatenate([hidden, np.broadcast_to(t, (hidden.shape[0], t.shape[0]))], 1)
+        fns = [SCALARS[name] for name in self.spec.scalar_names]
+        scalars = np.array([[f(state, i, self.spec, self.hist) for f in fns] for i in range(start, state.n)],
+                           np.float32).reshape(-1, len(fns))
+        return hidden.astype(np.float32, copy=False), (scalars - self._mu_np) / self._sd_np
+
 
 class PacerPolicy(_LearnedPolicy):
     name = "pacer"
@@ -193,7 +216,10 @@ class PacerPolicy(_LearnedPolicy):
         if self._memo_of is not state or memo.n > state.n or self._memo_tokens != state.tokens[: memo.n]:
             memo = self._new_memo(state)
         if memo.n < state.n:
-            h, s = self.inputs(state, memo.n)
+            if self.device.type == "cpu" and all(h.device.type == "cpu" for h in state.hidden[memo.n :]):
+                h, s = self.inputs_numpy(state, memo.n)  # numpy's rows straight into the CPU check
+            else:
+                h, s = self.inputs(state, memo.n)
             logit = self.model.extend(memo, h, s)
             self._memo_tokens = list(state.tokens[: memo.n])
             self._score = 1.0 if logit is None else 0.5 * (1.0 + math.tanh(0.5 * logit))  # σ, no overflow

@@ -84,7 +84,10 @@ class PreVerifier(nn.Module):
         """Feed tokens ``n+1..n+r`` of one draft (``hidden [r, D]``, ``scalars [r, S]``) after the ``n`` that
         ``memo`` holds (updated in place); returns the block logit of the last complete block (``None`` while
         there is none) - what :meth:`forward` gives for the whole draft, for the cost of ``r`` rows. On a CPU
-        the rows go through :class:`CpuExtend` (numpy, the weights as they are now), elsewhere through torch."""
+        (or given numpy rows) they go through :class:`CpuExtend` (the weights as they are now), elsewhere through
+        torch."""
+        if isinstance(hidden, np.ndarray):  # float32 rows for the CPU check (a policy's inputs_numpy)
+            return self.cpu().extend(memo, hidden, scalars, self.block)
         if hidden.device.type == "cpu":
             return self.cpu().extend(memo, hidden.float().numpy(), scalars.float().numpy(), self.block)
         return self.extend_torch(memo, hidden, scalars)
