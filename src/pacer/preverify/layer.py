@@ -203,10 +203,7 @@ class CpuExtend:
             z = z + np.einsum("hrn,nhd->rhd", att, memo.v).reshape(r, -1) @ self.w_o.T + self.b_o
         z = z + self._gelu(self._standard(z, self.eps[2]) @ self.w_1.T + self.b_1) @ self.w_2.T + self.b_2
         memo.z = z if memo.z is None else np.concatenate([memo.z, z])
-        log_sigma = [-math.log1p(math.exp(-c)) if c >= 0 else c - math.log1p(math.exp(c))  # stable both ways
-                     for c in (z @ self.w_t + self.b_t).tolist()]
-        return memo.close(log_sigma, block,
-                          lambda zb: float(np.concatenate([zb[-1], zb.mean(0)]) @ self.w_b) + self.b_b)
+        return self._close(memo, z, block)
 
 
     def _extend_native(self, k, memo: PrefixState, hidden: np.ndarray, scalars: np.ndarray,
@@ -235,8 +232,12 @@ class CpuExtend:
         if self.context:
             memo.k = buf[0, : n + r].reshape(n + r, self.heads, d // self.heads)
             memo.v = buf[1, : n + r].reshape(n + r, self.heads, d // self.heads)
-        log_sigma = [-math.log1p(math.exp(-c)) if c >= 0 else c - math.log1p(math.exp(c))
-                     for c in (memo.z[n:] @ self.w_t + self.b_t).tolist()]
+        return self._close(memo, memo.z[n:], block)
+
+    def _close(self, memo: PrefixState, z: np.ndarray, block: int) -> float | None:
+        """The new tokens' states ``z`` (already in ``memo.z``) to their ``log σ(c_i)`` and the block logit."""
+        log_sigma = [-math.log1p(math.exp(-c)) if c >= 0 else c - math.log1p(math.exp(c))  # stable both ways
+                     for c in (z @ self.w_t + self.b_t).tolist()]
         return memo.close(log_sigma, block,
                           lambda zb: float(np.concatenate([zb[-1], zb.mean(0)]) @ self.w_b) + self.b_b)
 
