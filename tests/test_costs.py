@@ -157,20 +157,13 @@ def test_the_layer_reads_each_drafted_token_once_a_round_the_rules_update_includ
     """Under the cost rule the pre-verification layer feeds every drafted token to itself once (its memo of the
     draft): the rule's end-of-round update reuses the scores it decided with instead of re-reading the whole draft
     (a check per token a round, ~0.5 ms each on a 2-core CPU)."""
-    from test_preverify import random_policy
+    from test_preverify import random_policy, rows_fed
 
     cheap = Costs(1e-4, {1: 1.0, 64: 1.0})
     dec = decoder("close", cheap)
     pol = random_policy("pacer", block=1, hidden=dec.draft_info.model.config.hidden_size)
     pol.threshold, pol.min_draft = None, 0
-    rows = []
-    extend = pol.model.extend
-
-    def counted(memo, hidden, scalars):
-        rows.append(hidden.shape[0])
-        return extend(memo, hidden, scalars)
-
-    pol.model.extend = counted
+    rows = rows_fed(pol)
     res = dec.generate(PROMPTS[0], "pacer", max_new_tokens=20, policy=CostAwarePolicy(pol, cheap, refine=0.0))
     assert res.stats.draft_tokens > 3
     assert sum(rows) == res.stats.draft_tokens  # each drafted token read once, none re-read

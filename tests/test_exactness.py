@@ -1,6 +1,7 @@
 """Greedy speculative decoding must reproduce plain greedy decoding token for token, for every policy."""
 
 import pytest
+import torch
 
 from pacer.decoding import ModelBackend, Output, speculative_generate
 from pacer.decoding.stats import GenerationStats
@@ -178,3 +179,60 @@ def test_near_tie_is_measured_in_dtype_resolution_steps():
     assert not Divergence(5, 1, -1, top2_gap=0.5, resolution=0.125).near_tie
     # float32 resolution is ~1e-6: a gap of 0.01 is not a tie there
     assert not Divergence(5, 1, 2, 0.01, 0.01, dtype_resolution(30.0, torch.float32)).near_tie
+
+
+def test_the_target_argmax_is_computed_up_to_the_first_rejection_unless_the_drafter_reads_all(pairs):
+    """A drafter that learns from the target's text past a rejection (``reads_target_argmax``: phrase pools) is
+    given the target's argmax at every verified row; any other only the rows up to the first rejection (each a
+    pass over the whole vocabulary), and the output is the same."""
+    from pacer.drafters.token import TokenDrafter
+    from pacer.sampling import greedy_prefix
+
+    logits = torch.full((5, 7), -1.0)
+    for row, top in enumerate([3, 4, 0, 6, 2]):
+        logits[row, top] = 2.0
+    assert greedy_prefix([3, 4, 5, 6], logits) == [3, 4, 0]  # d_3 = 5 rejected: rows 3 and 4 are not read
+    assert greedy_prefix([3, 4, 0, 6], logits) == [3, 4, 0, 6, 2]  # all accepted: the bonus row too
+    assert greedy_prefix([], logits[:1]) == [3]
+
+    class Seen(TokenDrafter):
+        def observe(self, tokens, target_argmax, accepted):
+            seen.append((len(target_argmax), accepted, len(self.last)))
+
+        def propose(self, *args, **kwargs):
+            d = super().propose(*args, **kwargs)
+            self.last = d.tokens
+            return d
+
+    dec = pairs["close"]
+    outputs = []
+    for reads in (False, True):
+        seen: list[tuple[int, int, int]] = []
+        drafter = Seen(dec.draft_backend(), dec.vocab)
+        drafter.reads_target_argmax = reads
+        outputs.append(dec.generate("hello world", "sd", gamma=4, max_new_tokens=24, drafter=drafter).token_ids)
+        assert seen and all(n + 1 <= got <= γ + 1 for got, n, γ in seen)
+        assert all(got == (γ + 1 if reads else n + 1) for got, n, γ in seen)
+    assert outputs[0] == outputs[1] == dec.generate("hello world", "ar", max_new_tokens=24).token_ids
+
+
+def test_a_long_prompt_is_fed_apart_where_a_hidden_forward_scores_every_row(pairs):
+    """A backend whose hidden-state forward computes every row's logits (llama.cpp's embeddings mode) gets a long
+    unread input without ``hidden`` first, then the last token with it: the states of that token are the same,
+    no row of the prompt is scored, and the output is plain decoding's."""
+    from pacer.decoding.backend import HIDDEN_SPLIT
+
+    class WithStates(FixedPolicy):
+        hidden_layers = (-1,)
+
+    dec = pairs["close"]
+    prompt = list(range(5, 5 + HIDDEN_SPLIT + 8))
+    want = dec.generate(prompt, "ar", max_new_tokens=12).token_ids
+    for every_row in (False, True):
+        drafter = TokenDrafter(dec.draft_backend(), dec.vocab)
+        drafter.backend.inner.hidden_scores_every_row = every_row
+        res = dec.generate(prompt, "sd", max_new_tokens=12, policy=WithStates(3), drafter=drafter)
+        assert res.token_ids == want
+        first = [c for c in res.stats.calls if c.role == "draft"][:2]
+        assert [(c.k, c.rows) for c in first] == ([(len(prompt) - 1, 1), (1, 1)] if every_row else
+                                                  [(len(prompt), 1), (1, 1)])

@@ -157,8 +157,8 @@ def test_features_from_the_logits_equal_those_from_q(i, asked, native, monkeypat
     from pacer import native as nat
 
     if native:
-        assert nat.exp_stats_kernel() is not None or nat._compiler() is None  # built wherever a compiler is
-        if nat.exp_stats_kernel() is None:
+        assert nat.row_stats_kernel() is not None or nat._compiler() is None  # built wherever a compiler is
+        if nat.row_stats_kernel() is None:
             pytest.skip("no C compiler here: numpy's path only")
     else:
         monkeypatch.setitem(nat._state, "kernels", None)
@@ -178,6 +178,17 @@ def test_features_from_the_logits_equal_those_from_q(i, asked, native, monkeypat
     assert reduced.prob == [pytest.approx(float(q[-1]), rel=1e-5, abs=1e-7)]
     if logits.numel() > 1:
         assert reduced.second_token[0] % 3 == 0 and reduced.second_token[0] // 3 != int(logits.argmax())
+
+    for ask in (asked, frozenset()):  # x = None: the row's argmax, found by the same read (the greedy draft token)
+        drawn = DraftState()
+        assert token_features(None, None, drawn, features=ask, logits=logits) == int(logits.argmax())
+        assert drawn.tokens == [int(logits.argmax())]
+        if ask:
+            want = DraftState()
+            token_features(None, int(logits.argmax()), want, features=ask, logits=logits)
+            assert all(getattr(drawn, f) == getattr(want, f) for f in ask)
+        on_ids = DraftState()
+        assert token_features(None, None, on_ids, ids=ids, features=ask, logits=logits) == 3 * int(logits.argmax())
 
 
 def test_features_are_appended_only_where_asked():

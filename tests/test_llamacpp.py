@@ -334,6 +334,38 @@ def test_a_forward_over_several_batches_reads_each_batchs_own_rows(files, monkey
     assert whole.shape == (600, model.n_vocab) and torch.allclose(whole, split, atol=1e-3)
 
 
+def test_forward_view_reads_llamas_own_buffer_where_it_can(files, monkeypatch):
+    """``forward_view`` gives the rows ``forward`` copies: a view of llama.cpp's output buffer where the kept rows
+    are the last batch's (no copy: the next decode writes into it), a copy where they span batches or a tree's
+    rows; and the loop reads it only before the next forward (every method still equals ``ar``: above)."""
+    import ctypes
+
+    import pacer.decoding.llama_backend as lb
+
+    def in_llama(t: torch.Tensor, b: LlamaCppBackend, batch_row: int) -> bool:
+        at = ctypes.cast(b._lib.llama_get_logits_ith(b._ctx, batch_row), ctypes.c_void_p).value
+        return t.data_ptr() == at
+
+    model = LlamaModel(files[0])
+    ids = [(7 * i + 3) % 250 + 3 for i in range(40)]
+    ref, _ = LlamaCppBackend(model).forward(ids)
+    b = LlamaCppBackend(model)
+    got, _ = b.forward_view(ids, keep=6)
+    assert torch.allclose(got, ref[-6:], atol=1e-3) and in_llama(got, b, 34)  # llama.cpp's memory, no copy
+    copied, _ = LlamaCppBackend(model).forward(ids, keep=6)
+    assert torch.equal(copied, got)
+    kept = got.clone()
+    b.forward_view([5], keep=1)  # the next decode writes where the view points
+    assert not torch.equal(got, kept)
+    monkeypatch.setattr(lb, "N_BATCH", 16)  # 40 tokens: batches of 16, 16 and 8; 12 rows span two of them
+    b = LlamaCppBackend(model)
+    spans, _ = b.forward_view(ids, keep=12)
+    assert not in_llama(spans, b, 7) and torch.allclose(spans, ref[-12:], atol=1e-3)
+    b = LlamaCppBackend(model)
+    tail, _ = b.forward_view(ids, keep=8)
+    assert in_llama(tail, b, 0) and torch.allclose(tail, ref[-8:], atol=1e-3)
+
+
 def test_scoring_fewer_tokens_than_branch_sequences(dec):
     """A context of fewer cells than its sequences (1 + MAX_BRANCHES) aborted the process inside llama.cpp; a short
     text is scored like any other."""

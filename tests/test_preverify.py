@@ -440,17 +440,38 @@ def test_the_cpu_check_follows_the_weights():
         assert score() == pytest.approx(float(layer(h, s)[1][0, -1]), abs=1e-4)
 
 
-def test_a_pacer_check_feeds_the_layer_only_the_tokens_drafted_since_the_last():
-    """One row per drafted token in a round (not the whole draft at every check), the score still the whole
-    draft's forward; a new round (other features: the history changed) and another draft start over."""
-    pol = random_policy("pacer", block=1, hidden=8)
+def rows_fed(pol) -> list[int]:
+    """The rows a pacer policy's layer is fed, appended per call (numpy's or torch's extend: the rows of the call;
+    the native check: 1)."""
     fed, extend = [], pol.model.extend
+    cpu = pol.model.cpu()
+    check = cpu.check
 
     def counting(memo, h, s):
         fed.append(h.shape[0])
         return extend(memo, h, s)
 
-    pol.model.extend = counting
+    def counting_check(k, memo, *args):
+        fed.append(1)
+        return check(k, memo, *args)
+
+    pol.model.extend, cpu.check = counting, counting_check
+    return fed
+
+
+@pytest.mark.parametrize("path", ["native", "numpy"])
+def test_a_pacer_check_feeds_the_layer_only_the_tokens_drafted_since_the_last(path, monkeypatch):
+    """One row per drafted token in a round (not the whole draft at every check), the score still the whole
+    draft's forward; a new round (other features: the history changed) and another draft start over. Native: each
+    token goes from the draft's state into the layer in one call (pacer.native's check) where it is built."""
+    from pacer import native
+
+    if path == "numpy":
+        monkeypatch.setitem(native._state, "kernels", None)
+    elif native.kernels() is None:
+        pytest.skip("pacer.native is not built on this machine")
+    pol = random_policy("pacer", block=1, hidden=8)
+    fed = rows_fed(pol)
     for rnd in range(2):
         st = DraftState()
         for i in range(6):
@@ -476,7 +497,11 @@ def test_a_pacer_check_feeds_the_layer_only_the_tokens_drafted_since_the_last():
     pol.block_score(st)
     fed.clear()
     pol.block_score(other)
-    assert fed == [2]  # a draft the layer has not read: from its first token
+    assert fed == ([1, 1] if path == "native" else [2])  # a draft the layer has not read: from its first token
+    h, s = pol.inputs(other)
+    with torch.no_grad():
+        assert pol.block_score(other) == pytest.approx(float(torch.sigmoid(pol.model(h[None], s[None])[1][0, -1])),
+                                                       abs=1e-5)
 
 
 def test_specdecpp_survival_restarts_every_round(pairs):

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from .errors import PacerError
-from .native import exp_stats_kernel
+from .native import row_stats_kernel
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,21 @@ def pick(probs: torch.Tensor, cfg: SamplingConfig, gen: torch.Generator) -> int:
     if cfg.greedy:
         return argmax(probs)
     return draw(probs, gen)
+
+
+def greedy_prefix(draft: list[int], target_logits: torch.Tensor) -> list[int]:
+    """The target's argmax of rows ``0..n`` of ``target_logits`` (``[γ + 1, V]``), ``n`` the first row whose
+    argmax is not ``d_{n+1}`` (``γ`` where all agree): what :func:`verify_greedy` reads, without the passes over
+    the rows after a rejection. Float32 rows in CPU memory row by row; elsewhere every row (one transfer)."""
+    if target_logits.device.type != "cpu" or target_logits.dtype != torch.float32:
+        return argmax(target_logits)
+    a = target_logits.detach().numpy()
+    t: list[int] = []
+    for i in range(a.shape[0]):
+        t.append(int(a[i].argmax()))
+        if i >= len(draft) or t[i] != draft[i]:
+            break
+    return t
 
 
 def verify_greedy(draft: list[int], target_logits: torch.Tensor, t: list[int] | None = None) -> tuple[int, int]:
@@ -209,22 +224,24 @@ class SoftmaxStats:
 
 
 def softmax_stats(row: np.ndarray, entropy: bool = True, second: bool = True) -> SoftmaxStats | None:
-    """:class:`SoftmaxStats` of a float32 logits row: by :mod:`pacer.native`'s one-pass kernel where this machine
-    has it built, else by numpy's vectorised kernels, one exponential over the row
-    into a reused buffer and no logarithm of it: with ``d = l - m`` and ``e = exp(d)``, the entropy is
-    ``log Z - Σ e·d / Z`` (~0.1 ms a 152k-id row on a 2-core Zen 5 against ~0.4 ms for torch's softmax and log);
-    a masked id (``-inf``) adds nothing. Without ``second`` the second id is not looked for (``j = -1``: one pass
-    fewer). ``None`` where the top logit is not finite (NaN, ``+inf``, all masked: the caller takes torch's
-    path)."""
+    """:class:`SoftmaxStats` of a float32 logits row: by :mod:`pacer.native`'s kernel where this machine has it
+    built (the top two, the top logit and both sums reading the row once), else by numpy's vectorised kernels,
+    one exponential over the row into a reused buffer and no logarithm of it: with ``d = l - m`` and
+    ``e = exp(d)``, the entropy is ``log Z - Σ e·d / Z`` (~0.1 ms a 152k-id row on a 2-core Zen 5 against ~0.4 ms
+    for torch's softmax and log); a masked id (``-inf``) adds nothing. Without ``second`` the second id is not
+    looked for (``j = -1``). ``None`` where the top logit is not finite (NaN, ``+inf``, all masked: the caller
+    takes torch's path)."""
+    kernel = row_stats_kernel() if row.dtype == np.float32 and row.flags.c_contiguous else None
+    if kernel is not None:  # one read of the row, nothing written (pacer.native); numpy's below where there is none
+        got = kernel(row, second)
+        if got is not None:
+            i, j, m, z, s = got
+            if math.isfinite(z) and math.isfinite(s) and z >= 1.0:
+                return SoftmaxStats(i, j, m, z, max(math.log(z) - s / z, 0.0) if entropy else math.nan, row)
     i, j = top_two(row) if second else (int(row.argmax()), -1)
     m = float(row[i])
     if not math.isfinite(m):
         return None
-    kernel = exp_stats_kernel() if row.dtype == np.float32 and row.flags.c_contiguous else None
-    if kernel is not None:  # one pass, nothing written (pacer.native); numpy's below where there is none
-        z, s = kernel(row, m)
-        if math.isfinite(z) and math.isfinite(s) and z >= 1.0:
-            return SoftmaxStats(i, j, m, z, max(math.log(z) - s / z, 0.0) if entropy else math.nan, row)
     d, e = _scratch(row.size)
     np.subtract(row, np.float32(m), out=d)
     np.exp(d, out=e)

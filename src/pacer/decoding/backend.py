@@ -11,6 +11,8 @@ A backend is one causal LM plus its KV cache. Terms:
   :attr:`~ModelBackend.hidden_layers`). A :class:`Tree` replaces the causal chain over ``ids`` by a token tree
   (Ouroboros candidate branches, :mod:`pacer.decoding.tree`); after a tree forward the cache holds at least the
   tree's leading causal chain, and the caller crops it to what it keeps.
+* :meth:`ModelBackend.forward_view` - the same, with logits that may be a view of the backend's memory, valid until
+  its next forward, crop or reset (for rows read at once: the loop's verification, a drafter's token).
 * :meth:`ModelBackend.crop` - forget every cached token past a length (the roll-back of a rejected draft).
 * :meth:`ModelBackend.score` - logits of a whole sequence from scratch, full vocabulary, cache untouched (the
   oracle's teacher-forced pass and the divergence diagnosis; not on the hot path).
@@ -29,6 +31,11 @@ from dataclasses import dataclass
 import torch
 
 Hidden = tuple[torch.Tensor, ...]
+
+#: the fewest unread tokens before a drafted token that a backend whose hidden-state forward scores every row
+#: (:attr:`ModelBackend.hidden_scores_every_row`) is fed apart (a forward of its own costs about one token's
+#: forward; scoring the rows of a long prompt costs more)
+HIDDEN_SPLIT = 16
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,10 @@ class ModelBackend(ABC):
     #: ``forward`` scores any :class:`Tree`, also branches beside a draft token (siblings); ``False``: only a
     #: causal chain with branches after its end (llama.cpp's sequence ids), and the loop sends no other tree
     sibling_branches: bool = True
+    #: ``forward(hidden=True)`` computes the logits of every row, kept or not (llama.cpp's embeddings mode: each
+    #: row of a 152k-id LM head); a caller that needs the hidden state of the last rows of a long input feeds the
+    #: rest without ``hidden`` first (:data:`HIDDEN_SPLIT` rows or more)
+    hidden_scores_every_row: bool = False
 
     @abstractmethod
     def reset(self) -> None:
@@ -77,6 +88,14 @@ class ModelBackend(ABC):
     def forward(self, ids: Sequence[int], *, keep: int = 0, hidden: bool = False,
                 tree: Tree | None = None) -> tuple[torch.Tensor, Hidden | None]:
         """Score ``ids`` after the cached tokens and cache them (see the module docstring)."""
+
+    def forward_view(self, ids: Sequence[int], *, keep: int = 0, hidden: bool = False,
+                     tree: Tree | None = None) -> tuple[torch.Tensor, Hidden | None]:
+        """:meth:`forward`, except that the logits may be a view of the backend's own output memory, valid only
+        until its next forward, crop or reset: for a caller that reads them at once and keeps nothing (the loop's
+        verification, a drafter's token). A backend whose runtime hands out its output buffer (llama.cpp) saves a
+        copy of every row (a 152k-id row is 600 KB); the default is :meth:`forward`."""
+        return self.forward(ids, keep=keep, hidden=hidden, tree=tree)
 
     @abstractmethod
     def crop(self, length: int) -> None:

@@ -31,6 +31,7 @@ from ..sampling import (
     SamplingConfig,
     acceptance_probs,
     argmax,
+    greedy_prefix,
     pick,
     target_state,
     verify_greedy,
@@ -55,7 +56,7 @@ def autoregressive_generate(
         start = time.perf_counter()
         while not out.done:
             t = time.perf_counter()
-            logits, _ = target.forward(tokens[target.length :], keep=1)
+            logits, _ = target.forward_view(tokens[target.length :], keep=1)  # read at once: may be a view
             # greedy: the argmax of the logits, as verification takes it (no softmax)
             x = argmax(logits[-1].float()) if sampling.greedy else pick(warp(logits[-1], sampling), sampling, gen)
             stats.time_verify += time.perf_counter() - t
@@ -98,13 +99,14 @@ def speculative_generate(
                 if sampling.greedy and (γ or draft.branches) else 0
             ids, tree = draft.tree_inputs(pending, room, policy.branch_room(γ) if room > 0 else 0,
                                           siblings=target.sibling_branches)
-            scores, t_hs = target.forward(ids, tree=tree, keep=len(ids) - len(pending) + 1,
-                                          hidden=policy.needs_target_hidden)
+            # forward_view: the scores are read within this round, before the target's next forward
+            scores, t_hs = target.forward_view(ids, tree=tree, keep=len(ids) - len(pending) + 1,
+                                               hidden=policy.needs_target_hidden)
             logits = scores[: γ + 1]  # row 0 is the last pending token's
             # 3. accept: greedy - longest matching prefix, then the longest matching branch anchored there,
             #    plus the target's token; sampling - rejection sampling
-            if sampling.greedy:
-                t = argmax(logits)  # the target's greedy token after d_0..d_γ
+            if sampling.greedy:  # the target's greedy token after d_0..d_γ (up to the first rejection, where enough)
+                t = argmax(logits) if drafter.reads_target_argmax else greedy_prefix(draft.tokens, logits)
                 n, x = verify_greedy(draft.tokens, logits, t)
                 x = draft.accept_branch(scores, γ + 1, n, x) if draft.branches else x
                 p = None
@@ -117,7 +119,8 @@ def speculative_generate(
             drafter.rollback(keep)
             t2 = time.perf_counter()
             if γ or draft.branches:  # a round that proposed nothing teaches a drafter nothing
-                drafter.observe(tokens, t if sampling.greedy else argmax(logits), n)
+                drafter.observe(tokens, t if sampling.greedy else argmax(
+                    logits if drafter.reads_target_argmax else logits[: n + 1]), n)
             t3 = time.perf_counter()
             # 5. commit token by token (EOS / stop strings / max_new_tokens inside the block end the output exactly)
             committed = out.extend(draft.tokens[:n] + draft.extension + [x])

@@ -18,17 +18,17 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .backend import ModelBackend, Tree
 
 TARGET, DRAFT = "target", "draft"
 
 
-@dataclass(frozen=True)
-class Call:
+class Call(NamedTuple):
     """One forward: ``role`` (``target``/``draft``), ``k`` new tokens after ``context`` cached, as a ``tree`` or
-    a causal chain, taking ``seconds`` (wall, synchronised on a GPU); ``rows``: the logits rows it kept."""
+    a causal chain, taking ``seconds`` (wall, synchronised on a GPU); ``rows``: the logits rows it kept. A named
+    tuple: one is made for every forward, and a frozen dataclass costs several attribute writes more."""
 
     role: str
     k: int
@@ -83,9 +83,16 @@ class MeteredBackend:
         setattr(self.inner, name, value)
 
     def forward(self, ids: Sequence[int], *, keep: int = 0, hidden: bool = False, tree: Tree | None = None):
+        return self._metered(self.inner.forward, ids, keep, hidden, tree)
+
+    def forward_view(self, ids: Sequence[int], *, keep: int = 0, hidden: bool = False, tree: Tree | None = None):
+        # a backend registered as a ModelBackend without subclassing it may not have forward_view: its forward
+        return self._metered(getattr(self.inner, "forward_view", self.inner.forward), ids, keep, hidden, tree)
+
+    def _metered(self, fwd, ids: Sequence[int], keep: int, hidden: bool, tree: Tree | None):
         calls = _ledger.get()
         if calls is None:
-            return self.inner.forward(ids, keep=keep, hidden=hidden, tree=tree)
+            return fwd(ids, keep=keep, hidden=hidden, tree=tree)
         context = self.inner.length
         sync = self.inner.device.type != "cpu"
         if sync:
@@ -93,7 +100,7 @@ class MeteredBackend:
 
             synchronize(self.inner.device)
         t = time.perf_counter()
-        out = self.inner.forward(ids, keep=keep, hidden=hidden, tree=tree)
+        out = fwd(ids, keep=keep, hidden=hidden, tree=tree)
         if sync:
             synchronize(self.inner.device)
         calls.append(Call(self.role, len(ids), context, tree is not None, time.perf_counter() - t,

@@ -62,6 +62,8 @@ class LookupDrafter(Drafter):
         self._last = p.draft()
         return self._last
 
+    reads_target_argmax = True  # the target's text past a rejection is a phrase (rejection_phrase)
+
     def observe(self, tokens: list[int], target_argmax: list[int], accepted: int) -> None:
         """After a rejection the target's own greedy tokens continue the text: a phrase for later lookups."""
         if self._last is None:

@@ -419,14 +419,16 @@ class PhraseDrafter(TokenDrafter):
                 self._timed(self._sync, tokens)
                 synced = True
             ctx = tokens + p.state.tokens
-            pending = ctx[self.backend.length :]
+            pending = p.feed_apart(self.backend, ctx[self.backend.length :])
             room = budget - p.n  # tokens this forward may still add (its phrase tokens + the draft's own)
             most = self._phrase_len(policy, len(pending), room - 1)
             found = self._timed(self.pool.lookup, ctx, 1) if most > 0 else []
             key, phrase = found[0] if found else ((), ())
             phrase = list(phrase[:most])
             start = self.backend.length + len(pending)  # cache length once pending is in
-            logits, hidden = self.backend.forward(pending + phrase, hidden=p.layers is not None, keep=len(phrase) + 1)
+            # read before the next forward: the logits may be a view of the backend's memory
+            logits, hidden = self.backend.forward_view(pending + phrase, hidden=p.layers is not None,
+                                                       keep=len(phrase) + 1)
             p.forwards += 1
             # row j predicts the token after phrase[:j]; greedy over the scored ids alone (TokenDrafter.scored_ids)
             ids = self.scored_ids()
@@ -532,6 +534,8 @@ class PhraseDrafter(TokenDrafter):
         draft.branches, draft.anchors = branches, [0] * len(branches)
         self._branch_keys = keys
         self._leftover = []
+
+    reads_target_argmax = True  # the target's text past a rejection is a phrase (rejection_phrase)
 
     def observe(self, tokens: list[int], target_argmax: list[int], accepted: int) -> None:
         draft, n = self._last, accepted

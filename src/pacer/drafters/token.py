@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..decoding import Draft, Drafter, ModelBackend, Proposal
-from ..sampling import argmax, pick, warp
+from ..sampling import pick, warp
 
 
 class TokenDrafter(Drafter):
@@ -35,18 +35,15 @@ class TokenDrafter(Drafter):
         pending = tokens[self.backend.length :]
         p = Proposal(policy, budget, len(pending) - 1, remaining, sampling.temperature, self.needs)
         while p.ask():
-            logits, hidden = self.backend.forward(pending, hidden=p.layers is not None, keep=1)
+            pending = p.feed_apart(self.backend, pending)  # a prompt's rows apart where they would be scored
+            # read at once (a kept q is a new tensor): the logits may be a view of the backend's memory
+            logits, hidden = self.backend.forward_view(pending, hidden=p.layers is not None, keep=1)
             p.forwards += 1
             ids = self.scored_ids() if sampling.greedy else None  # after the forward: a prompt adds its ids
             if ids is not None:  # greedy over the scored ids alone (see scored_ids)
-                row = logits[-1, ids].float()
-                i = argmax(row)
-                x = int(ids[i])
-                p.add(None, x, hidden, -1, index=i, ids=ids, logits=row)
-            elif sampling.greedy:  # the argmax, and the features from the logits: no probability row
-                row = self.align(logits[-1]).float()
-                x = argmax(row)
-                p.add(None, x, hidden, -1, logits=row)
+                x = p.add(None, None, hidden, -1, ids=ids, logits=logits[-1, ids].float())
+            elif sampling.greedy:  # the argmax and the features from the logits in one read: no probability row
+                x = p.add(None, None, hidden, -1, logits=self.align(logits[-1]).float())
             else:
                 q = warp(self.align(logits[-1]), sampling)
                 x = pick(q, sampling, gen)

@@ -1,20 +1,21 @@
 """Native kernels (``kernels.c``), compiled on this machine on first use and checked before they are trusted.
 
-- ``exp_stats(row, m)`` (:func:`exp_stats_kernel`) - ``z = Σ exp(x - m)`` and ``s = Σ exp(x - m)(x - m)`` of a
-  float32 logits row in one pass that writes nothing. It replaces numpy's four passes and two row-sized scratch
-  arrays in :func:`pacer.sampling.softmax_stats`, which every drafted token's features pay for: live beside
-  llama.cpp's forwards (caches cold after each) on an Intel Xeon (family 6, model 207) a row of 151,936 ids took
-  0.35-0.43 ms with numpy and ~0.15 ms with this kernel (ad hoc).
-- ``pacer_layer_step`` (:func:`layer_kernel`) - one drafted token through the pre-verification layer's folded
-  weights (:class:`pacer.preverify.layer.CpuExtend`): one call instead of ~50 small numpy operations, each of
-  which runs cold after a forward.
+- ``row_stats(row, second)`` (:func:`row_stats_kernel`) - the top two ids, the top logit ``m``,
+  ``z = Σ exp(x - m)`` and ``s = Σ exp(x - m)(x - m)`` of a float32 logits row, reading the row from memory once
+  and writing nothing. It replaces numpy's argmax passes, four passes of arithmetic and two row-sized scratch arrays
+  in :func:`pacer.sampling.softmax_stats`, which every drafted token's features pay for (and the drafter's own
+  argmax: the top id is the greedy draft token).
+- ``pacer_layer_check`` (:attr:`Kernels.layer_check`) - a policy's whole check of one drafted token in one call:
+  its raw scalars normalised, the token through the pre-verification layer's folded weights
+  (:class:`pacer.preverify.layer.CpuExtend`; ``pacer_layer_step``), the token head, the running log-survival and
+  the block logit, instead of ~60 small numpy operations, each of which runs cold after a forward.
 
 The kernel is compiled once per machine with the C compiler found (``$CC``, ``cc`` or ``gcc``) and
 ``-O3 -march=native`` into ``$PACER_HOME/native/``, keyed by the source, the flags, the compiler and the CPU. A new
 build is trusted only after a separate process has loaded it and its results agreed with float64 numpy on rows with
 masked ids and extreme logits (an instruction this machine cannot run, like llama.cpp's AMX kernels on that Xeon,
 kills that process, not this one); the verdict is kept beside the library with its sha256, checked at every load.
-Where anything fails - no compiler, a failed check, a damaged file, ``PACER_NATIVE=0`` - :func:`exp_stats` is
+Where anything fails - no compiler, a failed check, a damaged file, ``PACER_NATIVE=0`` - :func:`row_stats_kernel` is
 ``None`` and numpy's path runs; the result is the same up to float32 rounding."""
 
 from __future__ import annotations
@@ -76,34 +77,38 @@ class Layer(ctypes.Structure):
 
     _fields_ = [(name, ctypes.c_int) for name in ("D", "S", "d", "heads", "context", "tanh_gelu", "max")] + [
         (name, ctypes.c_float) for name in ("eps_h", "eps_a", "eps_m")] + [
-        (name, ctypes.POINTER(ctypes.c_float)) for name in ("w_h", "b_h", "w_s", "b_s", "pos", "w_qkv", "b_qkv",
-                                                             "w_o", "b_o", "w_1", "b_1", "w_2", "b_2")]
+        (name, ctypes.POINTER(ctypes.c_float)) for name in (
+            "w_h", "b_h", "w_s", "b_s", "pos", "w_qkv", "b_qkv", "w_o", "b_o", "w_1", "b_1", "w_2", "b_2", "w_t",
+            "w_b")] + [(name, ctypes.c_float) for name in ("b_t", "b_b")]
 
 
 class Kernels:
-    """The loaded library: :meth:`exp_stats` and :attr:`layer_step`."""
+    """The loaded library: :meth:`row_stats` and :attr:`layer_check`."""
 
     def __init__(self, lib_path: Path) -> None:
         self.lib = lib = ctypes.CDLL(str(lib_path))
-        f = lib.pacer_exp_stats
-        f.restype = None
-        f.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.POINTER(ctypes.c_double),
-                      ctypes.POINTER(ctypes.c_double)]
-        z, s = ctypes.c_double(), ctypes.c_double()
-        rz, rs = ctypes.byref(z), ctypes.byref(s)
+        f = lib.pacer_row_stats
+        f.restype = ctypes.c_int
+        f.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        i64x2, f64x3 = ctypes.c_int64 * 2, ctypes.c_double * 3
 
-        def exp_stats(row: np.ndarray, m: float) -> tuple[float, float]:
-            """``(Σ exp(x - m), Σ exp(x - m)(x - m))`` of a C-contiguous float32 row ``x`` (``m``: its top
-            logit)."""
-            f(row.ctypes.data, row.size, m, rz, rs)
-            return z.value, s.value
+        def row_stats(row: np.ndarray, second: bool = True) -> tuple[int, int, float, float, float] | None:
+            """``(i, j, m, z, s)`` of a C-contiguous float32 logits row (see ``pacer_row_stats``): the top two ids
+            (``j = -1`` without ``second``), the top logit, ``Σ exp(x - m)`` and ``Σ exp(x - m)(x - m)``;
+            ``None`` for a NaN or a top logit that is not finite."""
+            top, out = i64x2(), f64x3()  # per call: generations may run on several threads
+            if f(row.ctypes.data, row.size, second, top, out):
+                return None
+            return top[0], top[1], out[0], out[1], out[2]
 
-        self.exp_stats = exp_stats
-        #: ``layer_step(byref(Layer), hidden*, scalars*, n, K*, V*, Z*) -> int`` (0: done)
-        self.layer_step = lib.pacer_layer_step
-        self.layer_step.restype = ctypes.c_int
-        self.layer_step.argtypes = [ctypes.POINTER(Layer), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        self.row_stats = row_stats
+        #: ``layer_check(byref(Layer), hidden*, raw scalars*, mu*, sd*, n, block, K*, V*, Z*, LS*, out*) -> int``
+        #: (0: done; ``out``: the token logit and the block logit, NaN where token ``n`` closes no block)
+        self.layer_check = lib.pacer_layer_check
+        self.layer_check.restype = ctypes.c_int
+        self.layer_check.argtypes = [ctypes.POINTER(Layer), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                     ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
 
 
 def _build() -> Kernels | None:
@@ -153,7 +158,7 @@ def kernels() -> Kernels | None:
     return _state["kernels"]
 
 
-def exp_stats_kernel() -> Callable[[np.ndarray, float], tuple[float, float]] | None:
-    """The native ``exp_stats(row, m)``, or ``None``."""
+def row_stats_kernel() -> Callable[[np.ndarray, bool], tuple[int, int, float, float, float] | None] | None:
+    """The native ``row_stats(row, second)``, or ``None``."""
     k = kernels()
-    return None if k is None else k.exp_stats
+    return None if k is None else k.row_stats

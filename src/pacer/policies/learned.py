@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import math
@@ -23,6 +24,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from .. import native
 from ..errors import PacerError
 from ..preverify.features import (
     SCALARS,
@@ -205,25 +207,60 @@ class PacerPolicy(_LearnedPolicy):
         self.block = block or model.block
         model.block = self.block
         self._new_memo()
+        # the native check's inputs: the scalar functions, a reused array of their raw values, the normaliser
+        self._fns = [SCALARS[name] for name in self.spec.scalar_names]
+        self._raw = (ctypes.c_float * max(len(self._fns), 1))()
+        self._raw_addr = ctypes.addressof(self._raw)
+        self._mu_c = np.ascontiguousarray(self._mu_np, np.float32)
+        self._sd_c = np.ascontiguousarray(self._sd_np, np.float32)
+        self._mu_addr, self._sd_addr = self._mu_c.ctypes.data, self._sd_c.ctypes.data
 
-    @torch.inference_mode()
     def block_score(self, state: DraftState) -> float:
         """The layer's score that the draft survives through its last complete block (``P(d_1..d_{b·j}`` all
         accepted``)``, ``j = ⌊n / b⌋``; 1.0 before the first block). The layer reads each drafted token once: a
         check feeds only the tokens drafted since the last (:meth:`PreVerifier.extend`); a draft that is not the
-        one it has read starts over."""
+        one it has read starts over. On a CPU with :mod:`pacer.native` built, each token goes from the draft's
+        state into the layer in one native call (:meth:`_check_native`)."""
         memo = self._memo
         if self._memo_of is not state or memo.n > state.n or self._memo_tokens != state.tokens[: memo.n]:
             memo = self._new_memo(state)
         if memo.n < state.n:
-            if self.device.type == "cpu" and all(h.device.type == "cpu" for h in state.hidden[memo.n :]):
-                h, s = self.inputs_numpy(state, memo.n)  # numpy's rows straight into the CPU check
-            else:
-                h, s = self.inputs(state, memo.n)
-            logit = self.model.extend(memo, h, s)
-            self._memo_tokens = list(state.tokens[: memo.n])
+            logit = self._check_native(state, memo)
+            if logit is False:
+                logit = self._check(state, memo)
+            self._memo_tokens = state.tokens[: memo.n]
             self._score = 1.0 if logit is None else 0.5 * (1.0 + math.tanh(0.5 * logit))  # σ, no overflow
         return self._score
+
+    @torch.inference_mode()
+    def _check(self, state: DraftState, memo: PrefixState) -> float | None:
+        if self.device.type == "cpu" and all(h.device.type == "cpu" for h in state.hidden[memo.n :]):
+            h, s = self.inputs_numpy(state, memo.n)  # numpy's rows straight into the CPU check
+        else:
+            h, s = self.inputs(state, memo.n)
+        return self.model.extend(memo, h, s)
+
+    def _check_native(self, state: DraftState, memo: PrefixState) -> float | None | bool:
+        """Tokens ``memo.n..n-1`` straight from ``state`` into the layer's native check, one call each: the
+        hidden row by its address, the raw scalars into a reused array (normalised in the call). ``False`` where
+        it does not apply (no native kernels, the layer not on the CPU, the target's hidden state appended, a
+        row that is not a float32 CPU row, a draft longer than the layer's positions): :meth:`_check` then."""
+        k = native.kernels()
+        if k is None or self.device.type != "cpu" or self.spec.target_hidden or state.n > self.spec.max_draft:
+            return False
+        rows = state.hidden[memo.n :]
+        if not all(h.device.type == "cpu" and h.dtype == torch.float32 and h.is_contiguous() and h.dim() == 1
+                   and h.numel() >= self.spec.hidden_dim for h in rows):
+            return False
+        cpu = self.model.cpu()
+        if cpu.pos.shape[0] < state.n:
+            return False
+        spec, hist, raw, addr = self.spec, self.hist, self._raw, self._raw_addr
+        logit = None
+        for i, h in enumerate(rows, start=memo.n):
+            raw[:] = [f(state, i, spec, hist) for f in self._fns]
+            logit = cpu.check(k, memo, h.data_ptr(), addr, self._mu_addr, self._sd_addr, self.block)
+        return logit
 
     def _new_memo(self, state: DraftState | None = None) -> PrefixState:
         self._memo, self._memo_of, self._memo_tokens, self._score = PrefixState(), state, [], 1.0

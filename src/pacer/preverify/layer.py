@@ -208,31 +208,50 @@ class CpuExtend:
 
     def _extend_native(self, k, memo: PrefixState, hidden: np.ndarray, scalars: np.ndarray,
                        block: int) -> float | None:
-        """:meth:`extend` one row at a time through ``pacer_layer_step``: the keys, values and states go into
-        ``memo``'s buffers of ``max_draft`` rows, of which ``memo.k``/``v``/``z`` are views."""
-        n, r = memo.n, hidden.shape[0]
-        m, d = self.pos.shape
-        buf = memo.native
-        if buf is None or memo.native_n != n:  # a new draft, or rows that numpy's path added: copy them in
-            buf = memo.native = np.zeros((3, m, d), np.float32)
-            if n:
-                buf[2, :n] = memo.z
-                if self.context:
-                    buf[0, :n], buf[1, :n] = memo.k.reshape(n, d), memo.v.reshape(n, d)
-        if self._layer is None:
-            self._layer = self._struct(d)  # (byref, the record it refers to)
+        """:meth:`extend` one row at a time through ``pacer_layer_check`` (:meth:`check`)."""
         hidden = np.ascontiguousarray(hidden, np.float32)
         scalars = np.ascontiguousarray(scalars, np.float32)
-        K, V, Z = buf[0].ctypes.data, buf[1].ctypes.data, buf[2].ctypes.data
-        for j in range(r):
-            if k.layer_step(self._layer[0], hidden[j].ctypes.data, scalars[j].ctypes.data, n + j, K, V, Z):
-                raise ValueError(f"the native layer step refused token {n + j} of a draft of at most {m}")
-        memo.native_n = n + r
-        memo.z = buf[2, : n + r]
+        logit = None
+        for j in range(hidden.shape[0]):
+            logit = self.check(k, memo, hidden[j].ctypes.data, scalars[j].ctypes.data, 0, 0, block)
+        return logit
+
+    def check(self, k, memo: PrefixState, hidden: int, scalars: int, mu: int, sd: int, block: int) -> float | None:
+        """Token ``memo.n`` of a draft through the layer in one native call (``k``: :func:`pacer.native.kernels`):
+        ``hidden``, ``scalars``: addresses of its float32 hidden row (``D`` values) and scalars, raw where ``mu``
+        and ``sd`` are the addresses of the normaliser (0: already normalised); returns :meth:`extend`'s block
+        logit. The keys, values, states and running log-survival go into ``memo``'s buffers of ``max_draft``
+        rows, of which ``memo.k``/``v``/``z`` are views."""
+        n = memo.n
+        m, d = self.pos.shape
+        if n >= m:
+            raise ValueError(f"the native layer check refused token {n} of a draft of at most {m}")
+        if memo.native is None or memo.native_n != n:  # a new draft, or rows that numpy's path added: copy them in
+            memo.native = np.zeros((3, m, d), np.float32)
+            memo.native_ls = np.zeros(m, np.float64)
+            memo.native_out = np.zeros(2, np.float64)
+            if n:
+                memo.native[2, :n] = memo.z
+                memo.native_ls[:n] = memo.log_survival
+                if self.context:
+                    memo.native[0, :n], memo.native[1, :n] = memo.k.reshape(n, d), memo.v.reshape(n, d)
+            memo.native_ptrs = (memo.native[0].ctypes.data, memo.native[1].ctypes.data, memo.native[2].ctypes.data,
+                                memo.native_ls.ctypes.data, memo.native_out.ctypes.data)
+        if self._layer is None:
+            self._layer = self._struct(d)  # (byref, the record it refers to)
+        if k.layer_check(self._layer[0], hidden, scalars, mu or None, sd or None, n, block, *memo.native_ptrs):
+            raise ValueError(f"the native layer check refused token {n} of a draft of at most {m}")
+        memo.native_n = n + 1
+        buf = memo.native
+        memo.z = buf[2, : n + 1]
         if self.context:
-            memo.k = buf[0, : n + r].reshape(n + r, self.heads, d // self.heads)
-            memo.v = buf[1, : n + r].reshape(n + r, self.heads, d // self.heads)
-        return self._close(memo, memo.z[n:], block)
+            memo.k = buf[0, : n + 1].reshape(n + 1, self.heads, d // self.heads)
+            memo.v = buf[1, : n + 1].reshape(n + 1, self.heads, d // self.heads)
+        memo.log_survival.append(float(memo.native_ls[n]))
+        closed = float(memo.native_out[1])
+        if closed == closed:  # not NaN: token n closed a block
+            memo.block_logit = closed
+        return memo.block_logit
 
     def _close(self, memo: PrefixState, z: np.ndarray, block: int) -> float | None:
         """The new tokens' states ``z`` (already in ``memo.z``) to their ``log σ(c_i)`` and the block logit."""
@@ -246,11 +265,12 @@ class CpuExtend:
         f32 = ctypes.POINTER(ctypes.c_float)
         arrays = {name: np.ascontiguousarray(getattr(self, name), np.float32)
                   for name in ("w_h", "b_h", "w_s", "b_s", "pos", "w_qkv", "b_qkv", "w_o", "b_o", "w_1", "b_1",
-                               "w_2", "b_2")}
+                               "w_2", "b_2", "w_t", "w_b")}
         self._arrays = arrays
         rec = native.Layer(D=self.w_h.shape[1], S=self.w_s.shape[1], d=d, heads=self.heads, context=int(self.context),
                            tanh_gelu=int(self.tanh_gelu), max=self.pos.shape[0], eps_h=self.eps[0], eps_a=self.eps[1],
-                           eps_m=self.eps[2], **{name: a.ctypes.data_as(f32) for name, a in arrays.items()})
+                           eps_m=self.eps[2], b_t=self.b_t, b_b=self.b_b,
+                           **{name: a.ctypes.data_as(f32) for name, a in arrays.items()})
         return ctypes.byref(rec), rec
 
 
@@ -266,9 +286,15 @@ class PrefixState:
         self.v: torch.Tensor | None = None
         self.z: torch.Tensor | None = None
         self.log_survival: list[float] = []  # Σ_{j<=i} log σ(c_j) for i = 1..n
-        #: the native path's buffers ``[3 (k, v, z), max_draft, d]`` and how many of their rows are this draft's
+        #: the native path's buffers ``[3 (k, v, z), max_draft, d]`` and how many of their rows are this draft's,
+        #: its running log-survival ``[max_draft]``, its output (token logit, block logit) and their addresses
         self.native: np.ndarray | None = None
         self.native_n = 0
+        self.native_ls: np.ndarray | None = None
+        self.native_out: np.ndarray | None = None
+        self.native_ptrs: tuple[int, ...] = ()
+        #: the block logit of the last complete block (``None`` while there is none)
+        self.block_logit: float | None = None
 
     @property
     def n(self) -> int:
@@ -284,7 +310,8 @@ class PrefixState:
         if end == 0:
             return None
         survival = min(self.log_survival[end - 1], -1e-6)
-        return survival - math.log(-math.expm1(survival)) + pooled(self.z[end - block : end])
+        self.block_logit = survival - math.log(-math.expm1(survival)) + pooled(self.z[end - block : end])
+        return self.block_logit
 
 
 class TokenHead(nn.Module):
