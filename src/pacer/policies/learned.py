@@ -214,6 +214,7 @@ class PacerPolicy(_LearnedPolicy):
         self._mu_c = np.ascontiguousarray(self._mu_np, np.float32)
         self._sd_c = np.ascontiguousarray(self._sd_np, np.float32)
         self._mu_addr, self._sd_addr = self._mu_c.ctypes.data, self._sd_c.ctypes.data
+        self._cpu = None
 
     def block_score(self, state: DraftState) -> float:
         """The layer's score that the draft survives through its last complete block (``P(d_1..d_{b·j}`` all
@@ -249,10 +250,12 @@ class PacerPolicy(_LearnedPolicy):
         if k is None or self.device.type != "cpu" or self.spec.target_hidden or state.n > self.spec.max_draft:
             return False
         rows = state.hidden[memo.n :]
-        if not all(h.device.type == "cpu" and h.dtype == torch.float32 and h.is_contiguous() and h.dim() == 1
+        if not all(h.is_cpu and h.dtype == torch.float32 and h.dim() == 1 and h.is_contiguous()
                    and h.numel() >= self.spec.hidden_dim for h in rows):
             return False
-        cpu = self.model.cpu()
+        if memo.n == 0 or self._cpu is None:  # the layer's current weights, looked up once a draft
+            self._cpu = self.model.cpu()
+        cpu = self._cpu
         if cpu.pos.shape[0] < state.n:
             return False
         spec, hist, raw, addr = self.spec, self.hist, self._raw, self._raw_addr

@@ -226,29 +226,26 @@ class CpuExtend:
         m, d = self.pos.shape
         if n >= m:
             raise ValueError(f"the native layer check refused token {n} of a draft of at most {m}")
-        if memo.native is None or memo.native_n != n:  # a new draft, or rows that numpy's path added: copy them in
-            memo.native = np.zeros((3, m, d), np.float32)
-            memo.native_ls = np.zeros(m, np.float64)
-            memo.native_out = np.zeros(2, np.float64)
+        if not memo._live() or memo.native_n != n:  # a new draft, or rows that numpy's path added: copy them in
+            buf = np.zeros((3, m, d), np.float32)
+            ls, out = (ctypes.c_double * m)(), (ctypes.c_double * 2)()
             if n:
-                memo.native[2, :n] = memo.z
-                memo.native_ls[:n] = memo.log_survival
+                buf[2, :n] = memo.z
+                ls[:n] = memo.log_survival
                 if self.context:
-                    memo.native[0, :n], memo.native[1, :n] = memo.k.reshape(n, d), memo.v.reshape(n, d)
-            memo.native_ptrs = (memo.native[0].ctypes.data, memo.native[1].ctypes.data, memo.native[2].ctypes.data,
-                                memo.native_ls.ctypes.data, memo.native_out.ctypes.data)
+                    buf[0, :n], buf[1, :n] = memo.k.reshape(n, d), memo.v.reshape(n, d)
+            memo.native, memo.native_ls, memo.native_out, memo.native_n = buf, ls, out, n
+            memo.native_heads = self.heads
+            memo.z = memo.k = memo.v = None  # views of the buffers from now on
+            memo.native_ptrs = (buf[0].ctypes.data, buf[1].ctypes.data, buf[2].ctypes.data, ctypes.addressof(ls),
+                                ctypes.addressof(out))
         if self._layer is None:
             self._layer = self._struct(d)  # (byref, the record it refers to)
         if k.layer_check(self._layer[0], hidden, scalars, mu or None, sd or None, n, block, *memo.native_ptrs):
             raise ValueError(f"the native layer check refused token {n} of a draft of at most {m}")
         memo.native_n = n + 1
-        buf = memo.native
-        memo.z = buf[2, : n + 1]
-        if self.context:
-            memo.k = buf[0, : n + 1].reshape(n + 1, self.heads, d // self.heads)
-            memo.v = buf[1, : n + 1].reshape(n + 1, self.heads, d // self.heads)
-        memo.log_survival.append(float(memo.native_ls[n]))
-        closed = float(memo.native_out[1])
+        memo.log_survival.append(memo.native_ls[n])
+        closed = memo.native_out[1]
         if closed == closed:  # not NaN: token n closed a block
             memo.block_logit = closed
         return memo.block_logit
@@ -282,23 +279,61 @@ class PrefixState:
     computed: a check after one more drafted token costs one row, not the whole draft again."""
 
     def __init__(self) -> None:
-        self.k: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
-        self.z: torch.Tensor | None = None
+        self._k: torch.Tensor | np.ndarray | None = None
+        self._v: torch.Tensor | np.ndarray | None = None
+        self._z: torch.Tensor | np.ndarray | None = None
         self.log_survival: list[float] = []  # Σ_{j<=i} log σ(c_j) for i = 1..n
-        #: the native path's buffers ``[3 (k, v, z), max_draft, d]`` and how many of their rows are this draft's,
-        #: its running log-survival ``[max_draft]``, its output (token logit, block logit) and their addresses
+        #: the native path's buffers ``[3 (k, v, z), max_draft, d]`` and how many of their rows are this draft's
+        #: (while they hold the draft, ``k``/``v``/``z`` are views of them), its running log-survival and its
+        #: output (token logit, block logit) as ctypes arrays, the addresses of all five, the attention's heads
         self.native: np.ndarray | None = None
         self.native_n = 0
-        self.native_ls: np.ndarray | None = None
-        self.native_out: np.ndarray | None = None
+        self.native_ls = None
+        self.native_out = None
         self.native_ptrs: tuple[int, ...] = ()
+        self.native_heads = 1
         #: the block logit of the last complete block (``None`` while there is none)
         self.block_logit: float | None = None
 
+    def _live(self) -> bool:
+        """The native buffers hold the draft (no array of numpy's or torch's path since)."""
+        return self._z is None and self.native is not None
+
+    def _heads(self, i: int):
+        n = self.native_n
+        return self.native[i, :n].reshape(n, self.native_heads, -1) if n else None
+
+    @property
+    def k(self):
+        return self._heads(0) if self._live() else self._k
+
+    @k.setter
+    def k(self, value) -> None:
+        self._k = value
+
+    @property
+    def v(self):
+        return self._heads(1) if self._live() else self._v
+
+    @v.setter
+    def v(self, value) -> None:
+        self._v = value
+
+    @property
+    def z(self):
+        if self._live():
+            return self.native[2, : self.native_n] if self.native_n else None
+        return self._z
+
+    @z.setter
+    def z(self, value) -> None:
+        self._z = value
+
     @property
     def n(self) -> int:
-        return 0 if self.z is None else self.z.shape[0]
+        if self._live():
+            return self.native_n
+        return 0 if self._z is None else self._z.shape[0]
 
     def close(self, log_sigma: list[float], block: int, pooled) -> float | None:
         """After ``z`` took the new tokens' states: add their ``log σ(c_i)`` to the running log-survival and
