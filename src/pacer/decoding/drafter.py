@@ -94,8 +94,8 @@ def token_features(q: torch.Tensor | None, x: int | None, state: DraftState, ind
         if values is None:
             q = torch.softmax(logits.float(), -1)
             if x is None:
-                index = argmax(logits) if ids is not None else None
-                x = _pick(argmax(logits), ids)
+                i = argmax(logits)
+                index, x = (i if ids is not None else None), _pick(i, ids)
     if values is not None:
         prob, first, second, entropy, alt, at = values
         if x is None:

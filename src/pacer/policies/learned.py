@@ -149,6 +149,7 @@ class _LearnedPolicy(DraftPolicy):
                          spec.max_draft if max_draft is None else max_draft)
         self.model, self.mu, self.sd, self.cfg, self.spec = model, mu, sd, cfg, spec
         self._mu_np, self._sd_np = mu.float().cpu().numpy(), sd.float().cpu().numpy()
+        self._fns = [SCALARS[name] for name in spec.scalar_names]  # the raw scalars of a token, in order
         #: where the layer runs (with its normaliser): the CPU for a loaded checkpoint, whatever the draft's device
         self.device = mu.device
         #: ``None`` after construction: no threshold, the layer's survival score feeds the cost-aware rule
@@ -192,10 +193,13 @@ class _LearnedPolicy(DraftPolicy):
         if self.spec.target_hidden:
             t = self.hist.target_row(self.spec.target_hidden).numpy()
             hidden = np.concatenate([hidden, np.broadcast_to(t, (hidden.shape[0], t.shape[0]))], 1)
-        fns = [SCALARS[name] for name in self.spec.scalar_names]
-        scalars = np.array([[f(state, i, self.spec, self.hist) for f in fns] for i in range(start, state.n)],
-                           np.float32).reshape(-1, len(fns))
+        scalars = np.array([self._raw_scalars(state, i) for i in range(start, state.n)],
+                           np.float32).reshape(-1, len(self._fns))
         return hidden.astype(np.float32, copy=False), (scalars - self._mu_np) / self._sd_np
+
+    def _raw_scalars(self, state: DraftState, i: int) -> list[float]:
+        """Token ``i``'s scalar features before normalisation (``spec.scalar_names``' order)."""
+        return [f(state, i, self.spec, self.hist) for f in self._fns]
 
 
 class PacerPolicy(_LearnedPolicy):
@@ -207,8 +211,7 @@ class PacerPolicy(_LearnedPolicy):
         self.block = block or model.block
         model.block = self.block
         self._new_memo()
-        # the native check's inputs: the scalar functions, a reused array of their raw values, the normaliser
-        self._fns = [SCALARS[name] for name in self.spec.scalar_names]
+        # the native check's inputs: a reused array of a token's raw scalars, the normaliser
         self._raw = (ctypes.c_float * max(len(self._fns), 1))()
         self._raw_addr = ctypes.addressof(self._raw)
         self._mu_c = np.ascontiguousarray(self._mu_np, np.float32)
@@ -258,11 +261,10 @@ class PacerPolicy(_LearnedPolicy):
         cpu = self._cpu
         if cpu.pos.shape[0] < state.n:
             return False
-        spec, hist, raw, addr = self.spec, self.hist, self._raw, self._raw_addr
         logit = None
         for i, h in enumerate(rows, start=memo.n):
-            raw[:] = [f(state, i, spec, hist) for f in self._fns]
-            logit = cpu.check(k, memo, h.data_ptr(), addr, self._mu_addr, self._sd_addr, self.block)
+            self._raw[:] = self._raw_scalars(state, i)
+            logit = cpu.check(k, memo, h.data_ptr(), self._raw_addr, self._mu_addr, self._sd_addr, self.block)
         return logit
 
     def _new_memo(self, state: DraftState | None = None) -> PrefixState:

@@ -271,6 +271,32 @@ class CpuExtend:
         return ctypes.byref(rec), rec
 
 
+class _Rows:
+    """A :class:`PrefixState` array (keys ``0``, values ``1``, states ``2``): the one numpy's or torch's path set,
+    or, while the native buffers hold the draft, a view of their first ``native_n`` rows (keys and values as
+    ``[n, heads, d / heads]``)."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.attr = "_" + name
+
+    def __get__(self, memo, owner=None):
+        if memo is None:
+            return self
+        if not memo._live():
+            return getattr(memo, self.attr)
+        n = memo.native_n
+        if not n:
+            return None
+        rows = memo.native[self.index, :n]
+        return rows if self.index == 2 else rows.reshape(n, memo.native_heads, -1)
+
+    def __set__(self, memo, value) -> None:
+        setattr(memo, self.attr, value)
+
+
 class PrefixState:
     """:meth:`PreVerifier.extend`'s memory of one draft's first ``n`` tokens: the attention's keys and values
     (torch ``[heads, n, d / heads]``, or numpy ``[n, heads, d / heads]`` on a CPU), the contextual states ``z``
@@ -299,35 +325,9 @@ class PrefixState:
         """The native buffers hold the draft (no array of numpy's or torch's path since)."""
         return self._z is None and self.native is not None
 
-    def _heads(self, i: int):
-        n = self.native_n
-        return self.native[i, :n].reshape(n, self.native_heads, -1) if n else None
-
-    @property
-    def k(self):
-        return self._heads(0) if self._live() else self._k
-
-    @k.setter
-    def k(self, value) -> None:
-        self._k = value
-
-    @property
-    def v(self):
-        return self._heads(1) if self._live() else self._v
-
-    @v.setter
-    def v(self, value) -> None:
-        self._v = value
-
-    @property
-    def z(self):
-        if self._live():
-            return self.native[2, : self.native_n] if self.native_n else None
-        return self._z
-
-    @z.setter
-    def z(self, value) -> None:
-        self._z = value
+    k = _Rows(0)
+    v = _Rows(1)
+    z = _Rows(2)
 
     @property
     def n(self) -> int:
