@@ -422,6 +422,56 @@ def test_per_position_acceptance_counts_only_the_positions_that_were_reached():
     assert m.alpha(2) > 0.5  # leans on α_1, not stuck at the 0.5 prior
 
 
+def test_a_literal_rule_keeps_its_length_and_its_extras_are_priced():
+    """A fixed γ or a threshold decides the length alone (even where the cost rule would draft nothing), while the
+    branches and phrases an Ouroboros drafter adds are priced on the decoder's costs: none on a curve where a
+    scored token costs a forward, the same as under the cost rule on a flat one; ``cost_aware=False`` opts out, and
+    a method that adds nothing priced (``sd``) is left as it is."""
+    from pacer import methods
+    from pacer.cli import cost_note
+    from pacer.drafters.phrase import clear_shared_pools
+
+    steep = Costs(LINEAR.draft, LINEAR.target, draft_curve={1: 0.135, 2: 0.27, 8: 1.08})  # c_d(k) ∝ k too
+    for costs in (steep, FLAT):
+        dec = decoder("close", costs)
+        pol = dec.make_policy("ouroboros", gamma=4)
+        assert isinstance(pol, CostAwarePolicy) and not pol.length and isinstance(pol.inner, FixedPolicy)
+        st = DraftState()
+        for n in range(4):  # γ = 4 drafted whatever the costs
+            assert pol.should_continue(st)
+            st.tokens.append(n)
+        assert not pol.should_continue(st)
+        assert (pol.branch_room(4) == 0) == (costs is steep)
+        assert (pol.phrase_room(1, [0.9] * 4) == 0) == (costs is steep)
+        assert pol.describe().endswith("extras priced")
+        assert methods.get("pacer+ouroboros").extras and not methods.get("pacer").extras
+        assert isinstance(dec.make_policy("sd", gamma=4), FixedPolicy)
+        assert isinstance(dec.make_policy("ouroboros", gamma=4, cost_aware=False), FixedPolicy)
+        assert isinstance(dec.make_policy("ouroboros", gamma=4, cost_aware=True).inner, FixedPolicy)
+        assert dec.make_policy("ouroboros", gamma=4, cost_aware=True).length
+    # end to end: on the steep curves every round drafts γ and no branch is scored (unpriced, the same pool would
+    # have some); on FLAT branches are
+    for costs, branched in ((steep, False), (FLAT, True)):
+        dec = decoder("close", costs)
+        ids = dec.encode("abc abc abc abc abc")
+        ar = dec.generate(ids, "ar", max_new_tokens=30).token_ids
+        for aware in (None, False):
+            clear_shared_pools()
+            rounds = 0
+            for _ in range(2):  # the second finds the first's output in the (warm) pool
+                res = dec.generate(ids, "ouroboros", max_new_tokens=30, gamma=4, options={"candidates": 2},
+                                   cost_aware=aware)
+                assert res.token_ids == ar
+                assert res.stats.draft_lengths[0] >= 4  # γ drafted (plus an accepted branch)
+                rounds += res.extra["drafter"]["candidate_rounds"]
+                if aware is None:  # what the CLI says of it
+                    assert res.extra["cost_aware"]["length"] is False
+                    assert "length is the literal rule's" in cost_note(res.extra["cost_aware"])
+                else:
+                    assert "cost_aware" not in res.extra
+            assert (rounds > 0) == (branched or aware is False), (costs, aware)
+
+
 def test_a_token_that_came_with_a_phrase_costs_no_draft_forward():
     S = [0.9, 0.8, 0.7]
     dear = Costs(draft=0.3, target=FLAT.target)  # a draft token as dear as a target forward

@@ -198,13 +198,17 @@ class Decoder:
         Under the cost-aware rule (:attr:`MethodRequest.aware`) the policy is wrapped in the rule of
         :mod:`pacer.policies.cost_aware` on this machine's costs for ``rows``: a rule's threshold gives way to it
         (an explicit one is kept), and ``min_draft`` defaults to 0, so a round where nothing pays is a plain
-        decoding step."""
+        decoding step. A literal rule (``gamma``, a threshold) of a method whose drafter adds priced work to a
+        round (:attr:`~pacer.methods.registry.Method.extras`: Ouroboros' phrases and branches) keeps its length,
+        and that work is priced on the same costs (``CostAwarePolicy(length=False)``) unless ``cost_aware`` is
+        false."""
         req = MethodRequest.of(method, **settings)
         if not req.drafts:
             raise PacerError(f"method '{req.method}' drafts nothing and has no draft-length policy")
         aware = req.aware
         policy = req.record.policy(methods.Build(self.pair, req.policy_options, req.bounds, req.gamma, aware, rows))
-        if not aware:
+        length = aware
+        if not aware and not (req.cost_aware is None and req.record.extras):
             return policy
         cal = self.calibration(rows)
         costs = replace(cal.costs, policy_per_check=policy.check_seconds)
@@ -212,11 +216,12 @@ class Decoder:
         size = None if rows is None else len(rows)
         bounds = req.bounds
         key = "|".join(map(str, (req.method, sorted(req.policy_options.items()), bounds.get("min_draft"),
-                                 bounds.get("max_draft"), size)))
+                                 bounds.get("max_draft"), size, req.gamma, length)))
         memory = self._cost_memory.setdefault(key, CostMemory())
         # costs given to the Decoder (or a profile's) are taken as they are; measured ones follow the loop's timings
         return CostAwarePolicy(policy, costs, source=cal.source,
-                               refine=0.2 if cal.source in ("measured", "cache") else 0.0, memory=memory)
+                               refine=0.2 if cal.source in ("measured", "cache") else 0.0, memory=memory,
+                               length=length)
 
     def make_drafter(self, method: str | MethodRequest, **settings) -> Drafter:
         """The drafter of a :class:`~pacer.request.MethodRequest` (or of a method's name with its options as

@@ -77,6 +77,9 @@ def cost_note(rep: dict) -> str:
     from .costs import Costs
 
     err = rep["calibration_error"]
+    if not rep.get("length", True):
+        return (f"[cost-aware] the draft length is the literal rule's; phrases and branches priced on costs "
+                f"({rep['source']}): {Costs.from_dict(rep['costs']).curve()} (--cost-aware off: not priced)")
     return (f"[cost-aware] {rep['zero_rounds']}/{rep['rounds']} rounds drafted nothing (plain decoding steps); "
             f"costs ({rep['source']}): {Costs.from_dict(rep['costs']).curve()}; per-token acceptance "
             f"{rep['alpha']:.2f}" + (f", survival-score calibration error {err:.3f}" if err is not None else "")

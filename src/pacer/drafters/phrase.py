@@ -433,6 +433,9 @@ class PhraseDrafter(TokenDrafter):
             # row j predicts the token after phrase[:j]; greedy over the scored ids alone (TokenDrafter.scored_ids)
             ids = self.scored_ids()
             rows = (logits[:, ids] if ids is not None else self.align(logits)).float()
+            if not phrase:  # no phrase checked: the draft's own token, its argmax found with its features
+                p.add(None, None, hidden, len(pending) - 1, ids=ids, logits=rows[0])
+                continue
             at = argmax(rows)
             guess = at if ids is None else ids[at].tolist()
             k = 0

@@ -39,7 +39,7 @@ def phrase_drafter(method: str):
 
 
 register(Method("ouroboros", "Ouroboros: phrase drafting from an n-gram pool, candidate phrases verified in the "
-                "same forward; fixed γ", fixed, phrase_drafter("ouroboros"), options=PHRASE_OPTIONS))
+                "same forward; fixed γ", fixed, phrase_drafter("ouroboros"), options=PHRASE_OPTIONS, extras=True))
 register(Method("pacer+ouroboros", "PACER's layer deciding the length of Ouroboros phrase drafts",
                 learned("pacer"), phrase_drafter("pacer+ouroboros"),
-                options=(THRESHOLD, PATH, BLOCK, *PHRASE_OPTIONS)))
+                options=(THRESHOLD, PATH, BLOCK, *PHRASE_OPTIONS), extras=True))

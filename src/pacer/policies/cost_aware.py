@@ -167,6 +167,8 @@ class CostReport:
     calibration_observations: int = 0
     source: str = ""
     notes: list[str] = field(default_factory=list)
+    #: the rule decided the draft length (``False``: a literal rule did, and the rule priced the extras alone)
+    length: bool = True
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -182,14 +184,20 @@ class CostAwarePolicy(DraftPolicy):
     ``refine``: after every round (the first of a generation, which holds both prefills, excepted) the measured
     draft time per token and target time of the round update running averages (weight ``refine``, each clipped to
     [1/4, 4]), as multipliers of the calibrated ``c_d`` and ``c_t`` curve: load on the machine shifts the
-    decisions. 0 keeps the given costs as they are."""
+    decisions. 0 keeps the given costs as they are.
+
+    ``length=False``: the wrapped policy alone decides the draft length (a literal rule: a threshold, a fixed
+    ``γ``), and the rule only prices what a drafter may add to the round - phrases the draft checks, candidate
+    branches and siblings the target scores (:meth:`phrase_room`, :meth:`branch_room`, :meth:`sibling_room`) - on
+    the same costs and calibrated survival: extras pay like draft tokens whoever decides the length."""
 
     name = "cost-aware"
 
     def __init__(self, inner: DraftPolicy, costs: Costs, source: str = "", refine: float = 0.2,
-                 memory: CostMemory | None = None) -> None:
+                 memory: CostMemory | None = None, length: bool = True) -> None:
         super().__init__(inner.min_draft, inner.max_draft)
         self.inner, self.base, self.source, self.refine = inner, costs.monotone(), source, refine
+        self.length = length
         self.hidden_layers = inner.hidden_layers
         self.draft_features = inner.draft_features
         self.needs_soft = inner.needs_soft
@@ -239,6 +247,15 @@ class CostAwarePolicy(DraftPolicy):
         n = state.n
         if n > self.counted:  # tokens drafted below min_draft, without asking
             self.spent += (n - self.counted) * (self.costs.draft + self.costs.policy_per_check)
+        go = not self.length or self._pays(state)
+        if go:
+            self.spent += (0.0 if state.next_is_free else self.costs.draft) + self.costs.policy_per_check
+        self.counted = n + go
+        return go
+
+    def _pays(self, state: DraftState) -> bool:
+        """Does ``d_{n+1}`` pay (:func:`gain_pays`; the first of a round also its catch-up, :func:`catch_up_pays`)?"""
+        n = state.n
         exact = self.inner.survival_next(state)
         ahead = self.inner.survival_ahead(state) if exact is None else None
         S_n = self.S[-1] if n else 1.0
@@ -255,9 +272,6 @@ class CostAwarePolicy(DraftPolicy):
         if go and n == 0 and state.catch_up and not catch_up_pays(S_next, self.costs, state.catch_up,
                                                                    state.remaining):
             go = False
-        if go:
-            self.spent += (0.0 if state.next_is_free else self.costs.draft) + self.costs.policy_per_check
-        self.counted = n + go
         return go
 
     def branch_room(self, drafted: int) -> int:
@@ -367,10 +381,10 @@ class CostAwarePolicy(DraftPolicy):
 
     def cost_report(self) -> CostReport:
         return CostReport(self.costs.to_dict(), self.alpha, self.zero_rounds, self.rounds, self.calibrator.error,
-                          self.calibrator.observations, self.source)
+                          self.calibrator.observations, self.source, length=self.length)
 
     def report(self) -> dict[str, dict]:
         return {**self.inner.report(), "cost_aware": self.cost_report().to_dict()}
 
     def describe(self) -> str:
-        return f"cost-aware({self.inner.describe()})"
+        return f"cost-aware({self.inner.describe()})" if self.length else f"{self.inner.describe()}, extras priced"
