@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -205,12 +206,11 @@ def _scratch(n: int) -> tuple[np.ndarray, np.ndarray]:
     return rows[0][:n], rows[1][:n]
 
 
-@dataclass(frozen=True)
-class SoftmaxStats:
+class SoftmaxStats(NamedTuple):
     """What the draft's features and the target state read of ``softmax(l)`` (temperature 1) for a logits row
     ``l``, without the probability row: the top two ids ``i``, ``j`` (``j = -1`` for a single id), the top logit
     ``m = l_i`` and ``Z = Σ exp(l - m)``, so that ``p_k = exp(l_k - m) / Z``; ``entropy`` in nats (NaN where not
-    asked for)."""
+    asked for). A named tuple: one is made for every drafted token."""
 
     i: int
     j: int
