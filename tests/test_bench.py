@@ -85,6 +85,24 @@ def test_per_category_and_dataset_aggregation():
     assert s["groups"]["overall"]["sd"]["median_ratio"] == pytest.approx(2.5)
 
 
+def test_report_gives_each_set_its_median_per_question_ratio():
+    """One fast question lifts a set's mean tok/s ratio, not its median per-question ratio: the report shows both."""
+    from pacer.bench.report import markdown
+
+    recs = []
+    for q, wall in (("a", 1.0), ("b", 1.0), ("c", 0.25)):  # sd: 1x, 1x, 4x of ar on the same set
+        recs += [rec("ar", q, [10], [1.0], dataset="he"), rec("sd", q, [10], [wall], dataset="he")]
+    recs += [rec("ar", "d", [10], [1.0], dataset="g", category="c2"),
+             rec("sd", "d", [10], [0.5], dataset="g", category="c2")]
+    s = metrics.summarize(recs, ["ar", "sd"])
+    assert s["groups"]["dataset:he"]["sd"]["speedup"] == pytest.approx(2.0)
+    md = markdown(s, {})
+    mean_table, median_table = md.split("## Speedup per dataset")[1].split("Median per-question ratio per dataset")
+    assert "| sd | 2.00x (1.00) | 2.00x (1.00) |" in mean_table
+    # sets he and g, categories c1 and c2: the medians (1x for he and c1, not the mean's 2x)
+    assert "| sd | 1.00x | 2.00x | 1.00x | 2.00x |" in median_table
+
+
 def test_draft_length_histograms_and_divergence_listing():
     recs = [rec("ar", "q", [3], [1.0]),
             rec("oracle", "q", [3], [1.0], accept=[[3, 1]], draft=[[2, 0]]),
@@ -161,6 +179,19 @@ def test_selection_is_deterministic_and_stratified():
     assert [q.question_id for q in data.select(qs, 2, "first")] == ["0", "1"]
     r1, r2 = data.select(qs, 3, "random", 7), data.select(qs, 3, "random", 7)
     assert r1 == r2 and [int(q.question_id) for q in r1] == sorted(int(q.question_id) for q in r1)
+
+
+def test_every_set_sees_every_order_of_the_methods():
+    """Two other methods, four interleaved sets: the order rotates within each set, not by the position in the whole
+    list (which would give every question of a set the same order)."""
+    from pacer.bench.runner import order_shifts, rotated
+
+    qs = [data.Question(d, str(i), "c", ("x",)) for i in range(2) for d in "abcd"]
+    shifts = order_shifts(qs)
+    assert shifts == [0, 0, 0, 0, 1, 1, 1, 1]
+    for d in "abcd":
+        orders = {tuple(rotated(["m1", "m2"], s)) for q, s in zip(qs, shifts, strict=True) if q.dataset == d}
+        assert orders == {("m1", "m2"), ("m2", "m1")}
 
 
 def test_datasets_are_interleaved(monkeypatch):

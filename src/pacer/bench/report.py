@@ -236,6 +236,15 @@ def markdown(summary: dict, meta: dict) -> str:
                 cells.append("-" if not s else f"{_f(s['speedup'])}x ({_f(s['tau'])})")
             L.append(f"| {m} | " + " | ".join(cells) + " |")
         L.append("")
+        L.append("Median per-question ratio per dataset and category (each question's tok/s over `ar`'s on it; one "
+                 "slow turn moves it less than the mean, and a method that does the same work as `ar` is within "
+                 "the machine's noise of 1.00x):\n")
+        L.append("| method | " + " | ".join(heads) + " |")
+        L.append("|---|" + "---|" * len(others))
+        for m in summary["methods"]:
+            cells = [f"{_f(s['median_ratio'])}x" if (s := summary["groups"][g].get(m)) else "-" for g in others]
+            L.append(f"| {m} | " + " | ".join(cells) + " |")
+        L.append("")
     if summary["draft_length_summary"]:
         L.append("## Draft lengths per round (all rounds pooled; the oracle's: the best length per round)\n")
         L.append("| method | rounds | mean | median | p10 | p90 | share 0 | share ≥16 |")

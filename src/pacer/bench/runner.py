@@ -2,7 +2,8 @@
 
 Order: for each repeat, for each question, ``ar`` runs first (it is the baseline and gives the token ids the
 oracle drafts against and every other method is compared with), then the other methods in an order rotated by
-one position per question (and per repeat), so slow drift of the machine hits every method alike. Each method
+one position per question of the same dataset (and per repeat), so slow drift of the machine hits every method
+alike on every set. Each method
 runs all turns of a question in a row (the second turn sees that method's own first answer).
 """
 
@@ -171,6 +172,18 @@ def rotated(others: list[MethodSpec], shift: int) -> list[MethodSpec]:
     return others[k:] + others[:k]
 
 
+def order_shifts(questions: list[Question]) -> list[int]:
+    """The rotation of the other methods for each question: its position among the questions of its own dataset.
+    (By its position in the whole list, datasets interleaved a-b-c-d-a-b-... and an even number of other methods
+    would give every question of a set the same order: a set's figures would carry a position effect.)"""
+    seen: dict[str, int] = {}
+    shifts = []
+    for q in questions:
+        shifts.append(seen.get(q.dataset, 0))
+        seen[q.dataset] = shifts[-1] + 1
+    return shifts
+
+
 def warm_up(dec, specs: list[MethodSpec], q: Question, max_new_tokens: int, skip_failing: bool,
             log=print, decoders: dict | None = None) -> list[MethodSpec]:
     """One short untimed generation per method (loads lazy parts, fills caches); a failing method is an error,
@@ -268,10 +281,11 @@ class Bench:
         say = bar.write if self.progress else (lambda s: print(s, file=sys.stderr))
         ar_spec, others = self.specs[0], self.specs[1:]
         try:
+            shifts = order_shifts(self.questions)
             for repeat in range(self.repeats):
                 for qi, q in enumerate(self.questions):
                     ar = self.done.get(self.key(q, ar_spec, repeat))
-                    order = [ar_spec, *rotated(others, qi + repeat)]
+                    order = [ar_spec, *rotated(others, shifts[qi] + repeat)]
                     for spec in order:
                         if self.key(q, spec, repeat) in self.done:
                             continue
