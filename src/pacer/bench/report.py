@@ -227,24 +227,21 @@ def markdown(summary: dict, meta: dict) -> str:
     if others:
         L.append("## Speedup per dataset and category (τ in brackets)\n")
         heads = [g.replace("category:", "").replace("dataset:", "set ") for g in others]
-        L.append("| method | " + " | ".join(heads) + " |")
-        L.append("|---|" + "---|" * len(others))
-        for m in summary["methods"]:
-            cells = []
-            for g in others:
-                s = summary["groups"][g].get(m)
-                cells.append("-" if not s else f"{_f(s['speedup'])}x ({_f(s['tau'])})")
-            L.append(f"| {m} | " + " | ".join(cells) + " |")
-        L.append("")
+
+        def table(cell) -> None:
+            """One row per method, one column per group: ``cell(stats)`` of the method in the group, ``-`` without."""
+            L.append("| method | " + " | ".join(heads) + " |")
+            L.append("|---|" + "---|" * len(others))
+            for m in summary["methods"]:
+                cells = [cell(s) if (s := summary["groups"][g].get(m)) else "-" for g in others]
+                L.append(f"| {m} | " + " | ".join(cells) + " |")
+            L.append("")
+
+        table(lambda s: f"{_f(s['speedup'])}x ({_f(s['tau'])})")
         L.append("Median per-question ratio per dataset and category (each question's tok/s over `ar`'s on it; one "
                  "slow turn moves it less than the mean, and a method that does the same work as `ar` is within "
                  "the machine's noise of 1.00x):\n")
-        L.append("| method | " + " | ".join(heads) + " |")
-        L.append("|---|" + "---|" * len(others))
-        for m in summary["methods"]:
-            cells = [f"{_f(s['median_ratio'])}x" if (s := summary["groups"][g].get(m)) else "-" for g in others]
-            L.append(f"| {m} | " + " | ".join(cells) + " |")
-        L.append("")
+        table(lambda s: f"{_f(s['median_ratio'])}x")
     if summary["draft_length_summary"]:
         L.append("## Draft lengths per round (all rounds pooled; the oracle's: the best length per round)\n")
         L.append("| method | rounds | mean | median | p10 | p90 | share 0 | share ≥16 |")

@@ -3,8 +3,8 @@
 Order: for each repeat, for each question, ``ar`` runs first (it is the baseline and gives the token ids the
 oracle drafts against and every other method is compared with), then the other methods in an order rotated by
 one position per question of the same dataset (and per repeat), so slow drift of the machine hits every method
-alike on every set. Each method
-runs all turns of a question in a row (the second turn sees that method's own first answer).
+alike on every set. Each method runs all turns of a question in a row (the second turn sees that method's own first
+answer).
 """
 
 from __future__ import annotations
