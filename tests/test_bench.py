@@ -398,6 +398,22 @@ def test_report_marks_a_partial_run(tmp_path):
     assert "PARTIAL RUN: 2 of 4 planned" in (tmp_path / "report.md").read_text()
 
 
+def test_a_question_over_the_context_is_said_in_the_rebuilt_report_too(tmp_path):
+    """A question longer than the model's context is skipped and said in the report; ``--report-only`` says the same
+    (the skips are kept in run.json), not that the run is partial."""
+    q = tmp_path / "q.jsonl"
+    q.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["What is 2+2?"]}) + "\n"
+                 + json.dumps({"question_id": 2, "category": "qa", "turns": ["word " * 3000]}) + "\n")
+    out = tmp_path / "o"
+    assert main(["bench", "--quick", "--questions", str(q), "--max-new-tokens", "4", "--no-progress",
+                 "--methods", "ar,sd:gamma=2", "--out", str(out)]) == 0
+    first = (out / "report.md").read_text()
+    assert "every method not run on" in first and "PARTIAL RUN" not in first
+    assert main(["bench", "--report-only", "--out", str(out)]) == 0
+    again = (out / "report.md").read_text()
+    assert "every method not run on" in again and "PARTIAL RUN" not in again
+
+
 def test_failing_method_in_warmup(tmp_path, capsys, monkeypatch):
     from pacer.api import Decoder
 

@@ -532,12 +532,14 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
         try:  # leave a report of what finished, then let the interruption / error through
             if bench.records:
                 meta["skipped"] = bench.skipped
+                _write_meta(out, meta)  # --report-only reads the skips from run.json
                 _report(out, labels, meta)
                 log(f"pacer bench: partial report written to {out / 'report.md'}; continue with --resume")
         except Exception as e:  # noqa: BLE001
             log(f"pacer bench: could not write the partial report: {e}")
         raise
     meta["skipped"] = bench.skipped
+    _write_meta(out, meta)  # --report-only reads the skips from run.json
     summary = _report(out, labels, meta)
     _print_summary(summary, out)
     return 0
