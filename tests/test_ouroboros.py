@@ -7,11 +7,13 @@ import sys
 import pytest
 import torch
 
+from pacer.costs import Costs
 from pacer.decoding import Draft, TransformersBackend, Tree
 from pacer.drafters import TokenDrafter
 from pacer.drafters.phrase import PhraseDrafter, PhrasePool, clear_shared_pools
 from pacer.errors import PacerError
 from pacer.policies import ConfidencePolicy, DraftState, FixedPolicy
+from pacer.policies.cost_aware import CostAwarePolicy
 from pacer.sampling import SamplingConfig
 
 PROMPTS = ["hello world, this is", "def f(x):\n    return", "a", "abc abc abc abc abc"]
@@ -80,6 +82,51 @@ WRONG = 7  # a byte token; made to differ from the real one where used
 
 def wrong(x):
     return WRONG if x != WRONG else WRONG + 1
+
+
+def test_phrase_agreement_is_learnt_per_kind_of_entry(pairs):
+    """The draft's agreement with phrases is learnt per kind of pool entry (its source and key length) and prices
+    the check: where a longer draft forward costs something, an entry of a kind the draft rarely agrees with is not
+    checked and one of a kind it agrees with is, though the overall rate lies between them; a kind not seen yet has
+    the overall rate. A generation learns the kind of the entry it checked."""
+    pool = PhrasePool(ngram=4, capacity=100, key_len=2)
+    for _ in range(20):
+        pool.learn_agreement(2, 0, ("lookahead", 2))
+        pool.learn_agreement(4, 4, ("output", 2))
+    poor, good, overall = pool.agreement(4, ("lookahead", 2)), pool.agreement(4, ("output", 2)), pool.agreement(4)
+    assert poor[0] < 0.1 < overall[0] < 0.9 < good[0]
+    assert pool.agreement(4, ("verify", 1)) == overall
+    curve = Costs(0.036, {1: 0.25, 8: 0.26}, draft_curve={1: 0.036, 2: 0.041, 4: 0.047, 8: 0.2})
+    policy = CostAwarePolicy(FixedPolicy(gamma=4), curve)
+    d = drafter(pairs["same"], sources=(), warm_start=False)
+    d.pool = pool
+    assert d._phrase_len(policy, 1, 4, ("lookahead", 2)) == 0
+    assert d._phrase_len(policy, 1, 4, ("output", 2)) == 3  # to k = 4: dear beyond (test_costs)
+    assert d._phrase_len(policy, 1, 4) > 0  # the overall rate alone would check the poor kind's phrases too
+
+    dec = pairs["same"]
+    res, ar = planted(dec, PROMPTS[0], lambda ids, ar: (ids[-2:], ar[:6]), gamma=8, candidates=0)
+    assert res.token_ids == ar
+    learnt = res.extra["drafter"]
+    assert learnt["phrase_tokens"] >= 6
+    d2 = drafter(dec, sources=(), warm_start=False, candidates=0)
+    ids = dec.encode(PROMPTS[0])
+    d2.pool.add(tuple(ids[-2:]), tuple(ar[:6]), "prompt")
+    assert d2.pool.kind(tuple(ids[-2:]), tuple(ar[:6])) == ("prompt", 2)
+    dec.generate(ids, "ouroboros", max_new_tokens=30, gamma=8, drafter=d2)
+    assert set(d2.pool.agreed_by) == {("prompt", 2)} and d2.pool.agreed_by[("prompt", 2)][0] == [1, 1]
+
+    # live, under a priced policy: the same planted phrase is checked when its kind earned it, not otherwise
+    for agreed, checks in ((0, False), (4, True)):
+        d3 = drafter(dec, sources=(), warm_start=False, candidates=0)
+        d3.pool.add(tuple(ids[-2:]), tuple(ar[:6]), "prompt")
+        for _ in range(20):
+            d3.pool.learn_agreement(4, agreed, ("prompt", 2))
+            d3.pool.learn_agreement(4, 4 - agreed, ("output", 2))  # the overall rate: one half
+        res = dec.generate(ids, "ouroboros", max_new_tokens=30, drafter=d3,
+                           policy=CostAwarePolicy(FixedPolicy(gamma=8), curve, length=False))
+        assert res.token_ids == ar
+        assert (res.extra["drafter"]["phrase_tokens"] > 0) == checks
 
 
 @pytest.mark.parametrize("kind", ["close", "same", "random"])
