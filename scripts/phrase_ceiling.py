@@ -5,17 +5,18 @@ round started, how many tokens it drafted (``d``) and how many it committed (``a
 replays the rounds of one method (``pacer`` by default) beside an *ideal phrase drafter* that keeps the very same
 rounds but
 
-* drafts the accepted tokens phrase by phrase for free: a draft forward yields its own token and, after it, every
-  token the phrase pool continues correctly (the pool as the drafter builds it: the prompt and the text committed so
-  far, shared across questions in run order; the longest key, newest continuation); a phrase check costs no more
-  than one token's forward, and the rejected tail still costs a forward a token;
+* drafts the accepted tokens phrase by phrase: a draft forward checks the pool's phrase for its context and yields
+  every token of it the target's text has, plus its own next one (the pool as the drafter builds it: the prompt and
+  the text committed so far, shared across questions in run order; the longest key, newest continuation); a phrase
+  check costs no more than one token's forward, and the rejected tail still costs a forward a token;
 * adds, at no target cost, a pool branch at the round's start (what it matches beyond the round's own tokens) and,
   where every draft token was accepted, the pool's continuation after them (a candidate branch), and siblings at the
   rate ``--siblings`` (extra tokens per committed token; a run's measured rate, e.g. 302 / 8,872 = 0.034).
 
 Both are priced with a cost profile (``--profile``, default the Zen 4 transformers one) as the profile clock prices
 them: each round ``c_t(d + 1)`` plus one ``c_d`` per draft forward at the round's context; the prefill and the draft's
-catch-up as the run made them. The ideal's extra tokens shorten its time in proportion. Not a strict bound (a
+catch-up as the run made them (a turn's first round is verified by the prefill, and its first draft token comes from
+the draft's prompt catch-up). The ideal's extra tokens shorten its time in proportion. Not a strict bound (a
 drafter with free phrases could choose other lengths), but every part of it is generous: the chosen phrase is always
 the right one, and branches cost nothing.
 
@@ -65,8 +66,9 @@ def encoder():
 
 def matched(pool: PhrasePool, text: list[int], start: int) -> list[int]:
     """``m[j]``: how many tokens of the pool's continuation at ``start + j`` equal the text there, the pool learning
-    the text as it is committed (as :class:`pacer.drafters.phrase.PhraseDrafter` does)."""
-    seen = start
+    the text as it is committed (as :class:`pacer.drafters.phrase.PhraseDrafter` does: the prompt, ``text[:start]``,
+    at the first lookup, then the output's n-grams)."""
+    seen = 0
     out = []
     for i in range(start, len(text) + 1):
         seen = learn_committed(pool, text[:i], seen, lambda seq, src, **kw: pool.add_sequence(seq, src, **kw))
@@ -108,14 +110,18 @@ def replay(run: Path, method: str, profile: Profile, siblings: float, encode) ->
             fixed += sum(profile.price(c) for c in calls if c.kind in ("target_prefill", "draft_catch_up"))
             m = matched(pool, prompt + out, len(prompt))
             i = 0
-            for a, d in zip(ch["accept_lengths_per_turn"][t], ch["draft_lengths"][t], strict=True):
+            for n, (a, d) in enumerate(zip(ch["accept_lengths_per_turn"][t], ch["draft_lengths"][t], strict=True)):
                 c = len(prompt) + i
-                base += ct(d + 1, c) + d * cd(c)
                 good, j, forwards = min(a - 1, d), 0, 0
-                while j < good:  # one forward: the draft's own token, then the pool's correct phrase after it
+                while j < good:  # one forward checks the pool's phrase after the context: its correct tokens + one
                     forwards += 1
-                    j += 1 + (m[i + j + 1] if i + j + 1 < len(m) else 0)
-                ideal += ct(d + 1, c) + (forwards + d - good) * cd(c)
+                    j += 1 + (m[i + j] if i + j < len(m) else 0)
+                forwards += d - good
+                # the first round's target forward is the prefill and its first draft token the draft's prompt
+                # catch-up, both in ``fixed`` already
+                first = n == 0
+                base += (0.0 if first else ct(d + 1, c)) + max(d - first, 0) * cd(c)
+                ideal += (0.0 if first else ct(d + 1, c)) + max(forwards - first, 0) * cd(c)
                 gain = max(0, m[i] + 1 - a) if i < len(m) else 0
                 if a == d + 1 and d and i + d < len(m):
                     gain = max(gain, m[i + d])
@@ -133,6 +139,8 @@ def replay(run: Path, method: str, profile: Profile, siblings: float, encode) ->
 def reshaped(run: Path, profile: Profile, shape: Profile) -> dict[str, tuple[float, float]]:
     """Per method: tokens per priced second with the profile, and with its draft forwards over ``k > 1`` tokens
     priced with ``shape``'s measured draft curve (see the module docstring)."""
+    if not shape.draft_cost:
+        raise SystemExit(f"--draft-shape: profile {shape.name} has no measured draft curve")
     @functools.cache
     def other(context: int):
         return shape.costs(context)
@@ -159,7 +167,8 @@ def reshaped(run: Path, profile: Profile, shape: Profile) -> dict[str, tuple[flo
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path)
-    ap.add_argument("--method", default="pacer")
+    ap.add_argument("--method", default="pacer", help="the length policy replayed: every record of a method of "
+                    "this name, whatever its options (one such method a run)")
     ap.add_argument("--siblings", type=float, default=0.0)
     ap.add_argument("--profile", type=Path, default=DEFAULT_PROFILE)
     ap.add_argument("--draft-shape", type=Path, help="a profile with a measured draft curve (see the docstring)")
