@@ -59,6 +59,69 @@ def test_multi_turn_record_sums_turns_and_speedup_pairs_questions():
     assert s["paired"] == 1 and s["speedup"] == pytest.approx(2.0)
 
 
+def test_ttft_is_the_first_round_and_tpot_the_rest_of_the_turn():
+    """TTFT: a turn's forwards up to and including its first target forward (measured on the wall clock, priced on
+    another); TPOT: the rest of the turn's time over the tokens committed after the first round; decode speedup:
+    Spec-Bench's ratio of mean decode tok/s."""
+    def with_calls(r, calls, profile=None):
+        r["choices"][0]["calls"] = calls
+        if profile is not None:
+            r["choices"][0]["profile_time"] = profile
+        return r
+
+    t = lambda k, ctx, s: ["t", k, ctx, 0, s, 1]  # noqa: E731
+    d = lambda k, ctx, s: ["d", k, ctx, 0, s, 1]  # noqa: E731
+    ar = with_calls(rec("ar", "q1", [5], [0.85]), [[t(10, 0, 0.4)] + [t(1, 10 + i, 0.1) for i in range(4)]],
+                    [1.7])
+    # round 1: the draft reads the prompt and drafts twice, the prefill accepts 2 (3 tokens); round 2: 2 tokens
+    sd = with_calls(rec("sd", "q1", [5], [1.2], accept=[[3, 2]], draft=[[2, 2]]),
+                    [[d(10, 0, 0.2), d(1, 10, 0.05), t(12, 0, 0.5), d(2, 12, 0.05), t(3, 13, 0.3)]], [2.4])
+    s, a = metrics.method_stats([ar, sd], "sd"), metrics.method_stats([ar, sd], "ar")
+    assert a["ttft"] == pytest.approx(0.4) and a["tpot"] == pytest.approx(0.45 / 4)
+    assert s["ttft"] == pytest.approx(0.75) and s["tpot"] == pytest.approx(0.45 / 2)
+    assert s["decode_speedup"] == pytest.approx((2 / 0.45) / (4 / 0.45))
+    # another clock prices the first round's forwards itself and takes the rest of the turn's time on it
+    double = lambda x: 2 * x[4]  # noqa: E731
+    p = metrics.method_stats([ar, sd], "sd", clock="profile", price=double)
+    assert p["ttft"] == pytest.approx(1.5) and p["tpot"] == pytest.approx((2.4 - 1.5) / 2)
+    assert metrics.method_stats([ar, sd], "sd", clock="profile")["ttft"] is None  # nothing to price with
+    # turns are summed; a first round that ends the turn (EOS inside it) leaves no decode tokens
+    two = with_calls(rec("sd", "q2", [5, 2], [1.2, 0.6], accept=[[3, 2], [3]], draft=[[2, 2], [2]]),
+                     [sd["choices"][0]["calls"][0], [d(5, 0, 0.1), t(7, 0, 0.4)]])
+    assert metrics.first_round_split(two) == pytest.approx((0.75 + 0.5, 0.45 + 0.1, 2, 2))
+    assert metrics.first_round_split(rec("ar", "q3", [3], [0.3])) is None  # no forwards recorded
+    summary = metrics.summarize([ar, sd], clock="profile", price=double)
+    assert summary["groups"]["overall"]["sd"]["wall_ttft"] == pytest.approx(0.75)
+
+
+def test_report_prices_ttft_only_with_the_runs_own_profile(tmp_path):
+    """The report prices each first round with the profile file the run used, checked by its digest: a profile
+    changed since is not used (TTFT and TPOT are then the wall clock's only, and the report says so)."""
+    from pacer.profiles import Profile
+
+    prof = Profile("p", {"describe": "m", "threads": 1}, "transformers", "torch", {"fingerprint": "t"}, None,
+                   {32: {1: 0.5, 2: 0.5}}, {32: 0.01})
+    path = tmp_path / "p.json"
+    prof.save(path)
+    calls = [[["t", 4, 0, 0, 0.01, 1], ["t", 1, 4, 0, 0.01, 1]]]
+    recs = []
+    for m, wall, priced in (("ar", 0.03, 0.55), ("sd", 0.03, 0.55)):
+        r = rec(m, "q1", [2], [wall])
+        r["choices"][0].update(calls=calls, profile_time=[priced])
+        recs.append(r)
+    meta = {"profile_clock": {"profile": prof.describe(), "file": str(path), "sha256": prof.digest()}}
+    (tmp_path / "a").mkdir()
+    s = write_report(tmp_path / "a", recs, ["ar", "sd"], meta)
+    assert s["priced_first_round"] and s["groups"]["overall"]["ar"]["ttft"] == pytest.approx(0.04)  # 4 x 0.01
+    prof.target_prefill = {32: 0.02}  # the file changes after the run: its digest no longer matches
+    prof.save(path)
+    (tmp_path / "b").mkdir()
+    s = write_report(tmp_path / "b", recs, ["ar", "sd"], meta)
+    assert not s["priced_first_round"] and s["groups"]["overall"]["ar"]["ttft"] is None
+    assert s["groups"]["overall"]["ar"]["wall_ttft"] == pytest.approx(0.01)
+    assert "could not be loaded here" in (tmp_path / "b" / "report.md").read_text()
+
+
 def test_repeats_give_spread():
     recs = []
     for r, wall in enumerate([1.0, 0.5]):
@@ -635,6 +698,7 @@ def test_quick_profile_clock(tmp_path, capsys):
     own overhead), the wall clock's are kept beside them, the own-calibration clock validates the pricing, the
     breakdown is recorded per turn, and a profile of another pair is refused in one line before anything runs."""
     from pacer.api import Decoder
+    from pacer.decoding.meter import Call
     from pacer.profiles import Profile, pair_of
     from pacer.tiny import tiny_pair
 
@@ -667,6 +731,12 @@ def test_quick_profile_clock(tmp_path, capsys):
     assert 0 < ov["sd:gamma=3"]["own_over_wall"] and ov["sd:gamma=3"]["overhead_per_round"] > 0
     report = (out / "report.md").read_text()
     assert "profile clock" in report and "a slow flat machine" in report and "| wall speedup |" in report
+    # TTFT on the profile clock prices each turn's first round (up to its first target forward) with the profile
+    assert summary["priced_first_round"] and "## First token and decode" in report
+    firsts = [x for r in recs if r["method"] == "ar" for turn in r["choices"][0]["calls"]
+              for x in turn[: metrics.first_round_calls(turn)]]
+    assert ar["ttft"] == pytest.approx(sum(prof.price(Call.from_list(x)) for x in firsts) / len(firsts))
+    assert ar["ttft"] > ar["wall_ttft"] > 0
     # the phrase drafter's counters are kept per turn and summed per method in the summary and the report
     reps = [rep for r in recs if r["method"] == "ouroboros" for rep in r["choices"][0]["drafter"]]
     assert len(reps) == 2 and all("pool_rounds" in rep for rep in reps)

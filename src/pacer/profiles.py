@@ -30,6 +30,7 @@ reads the prompt at ``draft_prefill`` a token.
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -193,6 +194,10 @@ class Profile:
         m = self.machine
         return f"{self.name} ({m.get('describe', '?')}, {self.backend} {self.target.get('dtype')}, " \
                f"{m.get('threads', '?')} threads, measured {self.measured or '?'})"
+
+    def digest(self) -> str:
+        """The SHA-256 of the profile's content (:meth:`to_dict`): what a report checks before it prices with it."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
 
     # ------------------------------------------------------------------------------------------------- files
     def to_dict(self) -> dict:

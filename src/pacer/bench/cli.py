@@ -512,7 +512,7 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
             clocks["profile"] = args.profile
             meta["profile_clock"] = {"profile": args.profile.describe(), "file": str(args.costs),
                                      "machine": args.profile.machine.get("describe"), "notes": profile_notes,
-                                     "c_t1": args.profile.c1()}
+                                     "c_t1": args.profile.c1(), "sha256": args.profile.digest()}
     if not args.quick:
         note = clocks["own"].costs().slow_one_row_note() if "own" in clocks else ""
         if note:

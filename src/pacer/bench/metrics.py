@@ -17,6 +17,15 @@ Definitions (per method ``m``, over a group ``G`` of questions - all, one datase
   :mod:`pacer.profiles`) or ``own`` (the same with this machine's calibration: ``own / wall`` checks the
   pricing). A run with ``--costs`` reports the profile clock as ``speedup``/``tokens_per_s`` and keeps the wall
   clock's as ``wall_speedup``/``wall_tokens_per_s``.
+* **TTFT** (time to first token, vLLM's name) - a turn's first round: its forwards up to and including the first
+  target forward (the prefill; a drafting method's first round also has the draft read the prompt and draft),
+  their measured seconds on the wall clock, priced on another clock; the mean over turns. The loop's own time in
+  that round (a fraction of a millisecond) is counted with the decode part.
+* **TPOT** (time per output token) - the rest of the turns' time on the clock over the tokens committed after the
+  first round, pooled. vLLM divides by the output tokens less one; a drafting method's first round may commit
+  several tokens, and those are left out here. **decode speedup** - Spec-Bench's speedup on these tokens alone:
+  mean over questions of a method's decode tokens/s (``1 / TPOT`` of the record) over the same mean of ``ar``'s;
+  with prompts that are long against the answers it is the steady-state speedup that the overall one dilutes.
 * **breakdown** - seconds per round of each part of the wall time (target prefill, chain and tree forwards, draft
   forwards, draft catch-up, policy, pool, rest: :func:`pacer.decoding.meter.breakdown`); **overhead per round**
   - policy + pool + rest per round (what is not a forward).
@@ -26,6 +35,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
+from collections.abc import Callable
 
 OVERALL = "overall"
 
@@ -64,6 +74,38 @@ def rounds_of(rec: dict) -> tuple[list[int], list[int]]:
     return acc, dl
 
 
+def first_round_calls(calls: list) -> int:
+    """How many of a turn's recorded forwards (``[role, k, ...]`` lists, in order) are its first round's: all up
+    to and including the first target forward, after which the first tokens are committed."""
+    for i, c in enumerate(calls):
+        if c[0] == "t":
+            return i + 1
+    return len(calls)
+
+
+def first_round_split(rec: dict, clock: str = "wall",
+                      price: Callable[[list], float] | None = None) -> tuple[float, float, int, int] | None:
+    """``(ttft, decode seconds, turns, decode tokens)`` of a record on ``clock``, summed over its turns (see the
+    module docstring): the first round's forwards, measured (``wall``) or priced by ``price`` (a recorded call's
+    seconds on the clock), and the rest of the turn's time on the clock. ``None`` where the record has no forwards
+    recorded (a method outside pacer's loop) or the clock cannot price them."""
+    c = turns(rec)
+    calls, times = c.get("calls"), c.get("wall_time" if clock == "wall" else f"{clock}_time")
+    if not calls or times is None or len(calls) != len(times) or not all(calls) or (clock != "wall" and price is None):
+        return None
+    first = per_turn_accept_lengths(rec)
+    ttft = decode = 0.0
+    tokens = 0
+    for t, (turn_calls, seconds_t) in enumerate(zip(calls, times, strict=True)):
+        head = turn_calls[: first_round_calls(turn_calls)]
+        f = sum(float(x[4]) for x in head) if clock == "wall" else sum(price(x) for x in head)
+        ttft += f
+        decode += seconds_t - f
+        made = c["new_tokens"][t]
+        tokens += made - min(made, first[t][0] if t < len(first) and first[t] else 1)
+    return ttft, decode, len(times), tokens
+
+
 def _qkey(rec: dict) -> tuple[str, str]:
     return str(rec["dataset"]), str(rec["question_id"])
 
@@ -86,9 +128,10 @@ def in_group(rec: dict, group: str) -> bool:
     return str(rec["dataset" if kind == "dataset" else "category"]) == name
 
 
-def method_stats(records: list[dict], method: str, baseline: str = "ar", clock: str = "wall") -> dict:
+def method_stats(records: list[dict], method: str, baseline: str = "ar", clock: str = "wall",
+                 price: Callable[[list], float] | None = None) -> dict:
     """Aggregate ``method`` over ``records`` (already restricted to one group) on ``clock``; see the module
-    docstring."""
+    docstring. ``price``: a recorded forward's seconds on ``clock`` (for TTFT and TPOT off the wall clock)."""
     mine = {(_qkey(r), int(r.get("repeat", 0))): r for r in records if r["method"] == method
             and seconds(r, clock) is not None}
     base = {(_qkey(r), int(r.get("repeat", 0))): r for r in records if r["method"] == baseline
@@ -101,6 +144,11 @@ def method_stats(records: list[dict], method: str, baseline: str = "ar", clock: 
         per_repeat.setdefault(k[1], []).append((a, b))
         if b > 0:
             ratios.append(a / b)
+    splits = {k: first_round_split(r, clock, price) for k, r in mine.items()}
+    base_splits = {k: first_round_split(base[k], clock, price) for k in paired}
+    decode_pairs = [(s[3] / s[1], b[3] / b[1]) for k in paired if (s := splits[k]) and (b := base_splits[k])
+                    and s[1] > 0 and b[1] > 0 and s[3] > 0 and b[3] > 0]
+    split = [s for s in splits.values() if s is not None]
     speedups = []
     for pairs in per_repeat.values():
         ms = statistics.fmean(p[0] for p in pairs)
@@ -130,6 +178,10 @@ def method_stats(records: list[dict], method: str, baseline: str = "ar", clock: 
         "speedup_max": max(speedups) if speedups else None,
         "speedup_per_repeat": speedups,
         "median_ratio": statistics.median(ratios) if ratios else None,
+        "ttft": sum(s[0] for s in split) / sum(s[2] for s in split) if split else None,
+        "tpot": sum(s[1] for s in split) / sum(s[3] for s in split) if split and sum(s[3] for s in split) else None,
+        "decode_speedup": statistics.fmean(p[0] for p in decode_pairs) / statistics.fmean(p[1] for p in decode_pairs)
+        if decode_pairs else None,
         "tau": sum(acc) / len(acc) if acc else None,
         "acceptance_rate": (sum(acc) - len(acc)) / sum(dl) if sum(dl) else None,
         "mean_draft_length": sum(dl) / len(dl) if dl else None,
@@ -217,10 +269,13 @@ def drafter_totals(records: list[dict]) -> dict[str, dict[str, int]]:
     return out
 
 
-def summarize(records: list[dict], methods: list[str] | None = None, clock: str = "wall") -> dict:
+def summarize(records: list[dict], methods: list[str] | None = None, clock: str = "wall",
+              price: Callable[[list], float] | None = None) -> dict:
     """Everything the report shows: per group and method stats, draft-length distributions, divergences. With
     ``clock="profile"`` the speedups and tokens/s are the profile clock's and the wall clock's are kept as
-    ``wall_speedup``, ``wall_tokens_per_s`` and ``wall_median_ratio``."""
+    ``wall_speedup``, ``wall_tokens_per_s``, ``wall_median_ratio``, ``wall_ttft``, ``wall_tpot`` and
+    ``wall_decode_speedup``; ``price`` prices a recorded forward on that clock (TTFT and TPOT; without it they are
+    the wall clock's only)."""
     if methods is None:
         methods = list(dict.fromkeys(r["method"] for r in records))
     groups = {}
@@ -230,11 +285,12 @@ def summarize(records: list[dict], methods: list[str] | None = None, clock: str 
         for m in methods:
             if not any(r["method"] == m for r in sub):
                 continue
-            s = method_stats(sub, m, clock=clock)
+            s = method_stats(sub, m, clock=clock, price=price)
             if clock != "wall":
                 w = method_stats(sub, m)
                 s.update(wall_speedup=w["speedup"], wall_tokens_per_s=w["tokens_per_s"],
-                         wall_median_ratio=w["median_ratio"], wall_records=w["records"])
+                         wall_median_ratio=w["median_ratio"], wall_records=w["records"], wall_ttft=w["ttft"],
+                         wall_tpot=w["tpot"], wall_decode_speedup=w["decode_speedup"])
                 if s["records"] and s["wall_time"]:
                     s["clock_over_wall"] = s["clock_time"] / s["wall_time"]
             groups[g][m] = s

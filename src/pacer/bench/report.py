@@ -212,6 +212,7 @@ def markdown(summary: dict, meta: dict) -> str:
     if profile and any(s.get("records") == 0 for s in overall.values()):
         L.append("Methods the profile clock cannot price (hf-assisted runs outside pacer's loop; the llama.cpp anchor "
                  "runs another backend) are shown on the wall clock only.\n")
+    _first_token(L, overall, profile, summary.get("priced_first_round", True))
     parts = {m: s["breakdown_per_round"] for m, s in overall.items() if s.get("breakdown_per_round")}
     if parts:
         names = list(next(iter(parts.values())))
@@ -275,10 +276,55 @@ def markdown(summary: dict, meta: dict) -> str:
     return "\n".join(L) + "\n"
 
 
+def _first_token(L: list[str], overall: dict, profile: bool, priced: bool) -> None:
+    """The TTFT / TPOT table (see :mod:`pacer.bench.metrics`): on the run's clock, the wall clock's beside it."""
+    rows = {m: s for m, s in overall.items() if s.get("tpot") is not None or s.get("wall_tpot") is not None}
+    if not rows:
+        return
+    ms = lambda v: "-" if v is None else f"{v * 1e3:.0f} ms"  # noqa: E731
+    L.append("## First token and decode (TTFT, TPOT)" + (" (profile clock; wall clock beside it)" if profile else "")
+             + "\n")
+    L.append("TTFT: a turn's first round (the prefill, and for a drafting method the draft reading the prompt and its "
+             "first draft). TPOT: the rest of the time over the tokens committed after the first round. *decode "
+             "speedup*: the speedup on those tokens alone (mean decode tok/s over `ar`'s, as the speedup).\n")
+    if profile and not priced:
+        L.append("The profile of this run's `--costs` could not be loaded here: TTFT and TPOT are the wall clock's "
+                 "only.\n")
+    L.append("| method | TTFT | TPOT | decode speedup" + (" | wall TTFT | wall TPOT | wall decode speedup" if profile
+                                                         else "") + " |")
+    L.append("|---|---|---|---" + ("|---|---|---" if profile else "") + "|")
+    for m, s in rows.items():
+        wall = f" | {ms(s.get('wall_ttft'))} | {ms(s.get('wall_tpot'))} | {_f(s.get('wall_decode_speedup'))}x" \
+            if profile else ""
+        L.append(f"| {m} | {ms(s.get('ttft'))} | {ms(s.get('tpot'))} | {_f(s.get('decode_speedup'))}x{wall} |")
+    L.append("")
+
+
+def _pricer(meta: dict):
+    """A recorded forward's seconds on the run's profile clock (``None``: no profile clock, or its profile file is
+    not here or not the one the run priced with)."""
+    pc = meta.get("profile_clock") or {}
+    if not pc.get("file"):
+        return None
+    from ..decoding.meter import Call
+    from ..errors import PacerError
+    from ..profiles import Profile
+
+    try:
+        prof = Profile.load(pc["file"])
+    except (PacerError, OSError, ValueError):
+        return None
+    if prof.describe() != pc.get("profile") or pc.get("sha256", prof.digest()) != prof.digest():
+        return None  # runs made before the digest was recorded are matched by the profile's description
+    return lambda x: prof.price(Call.from_list(x))
+
+
 def write_report(out: Path, records: list[dict], methods: list[str], meta: dict) -> dict:
     """Write ``summary.json``, ``report.md`` and the plots into ``out``; returns the summary."""
     clock = "profile" if meta.get("profile_clock") else "wall"
-    summary = summarize(records, [m for m in methods if any(r["method"] == m for r in records)], clock)
+    price = _pricer(meta) if clock == "profile" else None
+    summary = summarize(records, [m for m in methods if any(r["method"] == m for r in records)], clock, price)
+    summary["priced_first_round"] = clock == "wall" or price is not None
     summary["meta"] = meta
     summary["records"] = len(records)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
