@@ -24,6 +24,35 @@ def test_int8_linear_is_close_to_the_float_layer():
     assert 0 < err < 0.02  # quantized (not a copy), and close
 
 
+def test_a_long_input_takes_one_dense_product_with_the_same_values(monkeypatch):
+    """From ``DENSE_ROWS`` rows (a prompt the draft reads) the layer converts its int8 weights and makes one dense
+    product instead of the int8 kernel (which costs about one single-row product per row); a few rows (drafting)
+    keep the kernel; the values agree with the kernel's to the dtype's rounding, in bf16 and float32."""
+    from pacer import quantize
+
+    monkeypatch.setattr(quantize, "_dense_pays", lambda dtype: True)  # what an AVX-512 or AMX CPU says of bf16
+    kernel, calls = quantize._int8_mm, []
+    monkeypatch.setattr(quantize, "_int8_mm", lambda *a: calls.append(a[0].shape[0]) or kernel(*a))
+    torch.manual_seed(0)
+    for dtype, tol in ((torch.bfloat16, 2e-2), (torch.float32, 1e-5)):
+        lin = torch.nn.Linear(64, 48).to(dtype)
+        q = Int8Linear(lin)
+        x = torch.randn(quantize.DENSE_ROWS + 3, 64).to(dtype)
+        want = kernel(x, q.q, q.scale) + q.bias
+        calls.clear()
+        small = q(x[:4])
+        got = q(x.reshape(1, -1, 64))
+        assert calls == [4]  # the kernel for the 4 rows only
+        assert got.shape == (1, x.shape[0], 48) and got.dtype == dtype
+        assert torch.allclose(got[0].float(), want.float(), rtol=tol, atol=tol)
+        assert torch.allclose(small.float(), want[:4].float(), rtol=tol, atol=tol)
+    # where the dtype's dense product is not native (bf16 on an AVX2-only CPU) a long input keeps the kernel
+    monkeypatch.setattr(quantize, "_dense_pays", lambda dtype: False)
+    calls.clear()
+    q(x)
+    assert calls == [x.shape[0]]
+
+
 def test_int8_weights_are_rounded_to_the_nearest_step():
     """Each weight is the nearest multiple of its row's step ``s = max |w_row| / 127``: off by at most ``s / 2``
     (truncating towards zero would be off by up to ``s``), so a layer's output is off by at most
