@@ -98,6 +98,47 @@ def test_gate_uses_the_running_acceptance_and_learns_from_rounds():
     assert not gate.should_continue(fixed_state(0))  # α ≈ 0: not even the first token pays
 
 
+def test_a_rule_that_declined_to_draft_tries_again():
+    """Only drafting rounds teach the rule, so an acceptance learnt low must not stop drafting for good: each round
+    the rule declines fades the evidence towards the prior until a draft is tried; a draft that fails there makes it
+    wait again; where even the prior does not pay (verification ∝ k) fading never makes it draft."""
+    gate = CostAwarePolicy(FixedPolicy(gamma=16, min_draft=0), FLAT, refine=0.0, memory=CostMemory())
+    for _ in range(30):  # a bad stretch: every first token rejected
+        gate.update(fixed_state(1), RoundResult(1, 0))
+    waits = []
+    for _ in range(3):
+        rounds = 0
+        while not gate.should_continue(fixed_state(0)):
+            gate.update(fixed_state(0), RoundResult(0, 0))
+            rounds += 1
+            assert rounds < 500, "the rule never drafts again"
+        waits.append(rounds)
+        gate.update(fixed_state(1), RoundResult(1, 0))  # the draft it tried fails too
+    assert waits[0] > 20 and all(w > 0 for w in waits)  # it waits, and waits again after a failed try
+    # rounds the budget left no room for (the rule was never asked) fade nothing
+    before = list(gate.memory.trials)
+    gate.update(fixed_state(0), RoundResult(0, 0))
+    assert gate.memory.trials == before
+    steep = CostAwarePolicy(FixedPolicy(gamma=16, min_draft=0), LINEAR, refine=0.0, memory=CostMemory())
+    for _ in range(500):
+        assert not steep.should_continue(fixed_state(0))
+        steep.update(fixed_state(0), RoundResult(0, 0))
+
+
+def test_a_decoder_whose_rule_learnt_a_low_acceptance_drafts_again():
+    """The decoder keeps the rule's memory across generations (a server's requests): after a stretch of rejected
+    drafts a generation with a draft that agrees goes back to drafting within it."""
+    dec = decoder("same", FLAT)
+    dec.generate(PROMPTS[0], "sd", max_new_tokens=4)
+    (memory,) = dec._cost_memory.values()
+    for _ in range(30):
+        memory.update([None], drafted=1, accepted=0)
+    runs = [dec.generate(p, "sd", max_new_tokens=60).stats.draft_lengths for p in PROMPTS * 3]
+    assert runs[0][0] == 0  # it starts by waiting ...
+    assert sum(g > 0 for g in runs[-1]) >= len(runs[-1]) / 2, runs  # ... and drafts again
+    assert memory.alpha(1) > 0.5
+
+
 def test_gate_follows_the_loop_timings():
     """Measured rounds slower than calibrated (here: the draft 10x) shift the decision."""
     gates = [CostAwarePolicy(FixedPolicy(gamma=16, min_draft=0), FLAT, refine=r, memory=CostMemory(0.3, 1e6))

@@ -148,6 +148,20 @@ class CostMemory:
         self.pool_offered += offered
         self.pool_gained += gained
 
+    #: how much of the acceptance evidence a round the rule declined to draft keeps (see :meth:`fade`)
+    IDLE_FADE = 0.98
+
+    def fade(self, keep: float = IDLE_FADE) -> None:
+        """A round that drafted nothing because the rule declined observes nothing: without this, an acceptance
+        learnt low (a warm-up on an odd prompt, a stretch of hard requests) would stop drafting on the decoder for
+        good, since only drafting rounds teach. Each such round moves ``α_i``'s evidence towards the prior (keeping
+        ``keep`` of it), so that the rule tries a draft again once the prior's hope outweighs what is left; a
+        draft that fails there teaches it to wait again (on a curve where even the prior does not pay, nothing
+        changes)."""
+        for i in range(len(self.hits)):
+            self.hits[i] = self.prior * self.alpha0 + keep * (self.hits[i] - self.prior * self.alpha0)
+            self.trials[i] = self.prior + keep * (self.trials[i] - self.prior)
+
     def update(self, raw: list[float | None], drafted: int, accepted: int) -> None:
         self.calibrator.update(raw[:drafted], accepted)
         for i in range(1, min(accepted + 1, drafted, len(self.hits) - 1) + 1):
@@ -221,6 +235,7 @@ class CostAwarePolicy(DraftPolicy):
         self.counted = 0  # ... for its first ``counted`` tokens
         self.S: list[float] = []
         self.raw: list[float | None] = []
+        self.declined = False  # the rule itself declined the round's first token (CostMemory.fade)
 
     @property
     def alpha(self) -> float:
@@ -272,6 +287,7 @@ class CostAwarePolicy(DraftPolicy):
         if go and n == 0 and state.catch_up and not catch_up_pays(S_next, self.costs, state.catch_up,
                                                                    state.remaining):
             go = False
+        self.declined = n == 0 and not go
         return go
 
     def branch_room(self, drafted: int) -> int:
@@ -349,6 +365,8 @@ class CostAwarePolicy(DraftPolicy):
         if γ:  # before the wrapped policy forgets the round (a layer's memo of the draft it has read)
             self._survival(state)
             self.memory.update(self.raw, γ, n)
+        elif self.declined:
+            self.memory.fade()
         self.inner.update(state, result)
         if result.branched and n == γ:  # the branches were read: what they yielded
             (self.memory.branch_update if γ else self.memory.pool_update)(result.branched, result.extended)
