@@ -210,3 +210,17 @@ def test_dtype_auto_times_real_layers():
     assert 0 < t1 and 0 < tc
     assert machine.dtype_cost(t1, tc) == pytest.approx(machine.DTYPE_PROMPT / machine.DTYPE_CHUNK * tc
                                                        + machine.DTYPE_NEW * t1)
+
+
+def test_a_calibration_of_an_int8_model_is_keyed_by_how_it_reads_a_prompt(int8_draft, monkeypatch):
+    """The draft's prefill rate, which the cost rule prices a catch-up with, depends on where an int8 model
+    switches to the dense product: a calibration measured with another switch is measured again."""
+    from pacer import quantize
+    from pacer.calibration import calibration_key
+
+    key = calibration_key(int8_draft.pair, None)
+    assert key["int8_dense_rows"] == quantize.DENSE_ROWS
+    monkeypatch.setattr(quantize, "DENSE_ROWS", quantize.DENSE_ROWS + 1)
+    assert calibration_key(int8_draft.pair, None) != key
+    plain = Decoder(*tiny_pair("close"), threads=1, costs=FLAT)
+    assert "int8_dense_rows" not in calibration_key(plain.pair, None)  # other pairs' caches stay valid

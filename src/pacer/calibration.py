@@ -112,6 +112,10 @@ def calibration_key(pair, rows: torch.Tensor | None) -> dict:
     }
     if pair.target.device.type != "cpu":  # (CPU keys stay as they were: their caches stay valid)
         key["device"] = devices.describe(pair.target.device)
+    if any(info is not None and str(info.weights).startswith("int8") for info in (t, d)):
+        from .quantize import DENSE_ROWS  # an int8 model reads a prompt another way from this many rows on
+
+        key["int8_dense_rows"] = DENSE_ROWS
     return key
 
 
