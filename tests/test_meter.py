@@ -105,6 +105,27 @@ def test_the_breakdown_adds_up_to_the_wall_time(drafter):
         **dict.fromkeys(PARTS, 0.0), "target_tree": 0.25, "policy": 0.1, "pool": 0.05, "rest": pytest.approx(0.6)}
 
 
+def test_time_to_first_token_is_the_first_rounds_forwards():
+    """TTFT (``GenerationStats.ttft``, the summary, a server response's ``time_to_first_token_s``): the forwards up to
+    and including the first target forward - plain decoding's prefill; a drafting method's draft prompt read and
+    first draft, then the prefill that verifies them."""
+    from pacer.serve.metrics import request_metrics
+
+    t, d = _pair(delay=0.002)
+    ar = GenerationStats()
+    autoregressive_generate(t, PROMPT, Output(12, set()), SamplingConfig(), ar)
+    assert ar.ttft == ar.calls[0].seconds and ar.calls[0].role == TARGET
+    sd = GenerationStats()
+    speculative_generate(t, TokenDrafter(d, t.vocab_size), FixedPolicy(gamma=4), PROMPT, Output(12, set()),
+                         SamplingConfig(), sd)
+    first = next(i for i, c in enumerate(sd.calls) if c.role == TARGET)
+    assert first == 4 and all(c.role == DRAFT for c in sd.calls[:first])  # the prompt read + 3 more draft tokens
+    assert sd.ttft == pytest.approx(sum(c.seconds for c in sd.calls[: first + 1]))
+    assert sd.ttft < sum(c.seconds for c in sd.calls) and sd.ttft > ar.ttft
+    assert "first token" in sd.summary() and sd.to_dict()["ttft"] == pytest.approx(sd.ttft, abs=1e-6)
+    assert request_metrics(sd)["time_to_first_token_s"] == pytest.approx(sd.ttft, abs=1e-4)
+
+
 @pytest.mark.parametrize("kind", ["token", "phrase", "phrase+candidates"])
 def test_a_round_that_drafts_nothing_costs_what_plain_decoding_costs(kind):
     """No draft forward, no tree, no pool work; the target's forwards are exactly plain decoding's."""

@@ -37,6 +37,8 @@ import statistics
 from collections import Counter
 from collections.abc import Callable
 
+from ..decoding.meter import first_round_end
+
 OVERALL = "overall"
 
 
@@ -75,12 +77,9 @@ def rounds_of(rec: dict) -> tuple[list[int], list[int]]:
 
 
 def first_round_calls(calls: list) -> int:
-    """How many of a turn's recorded forwards (``[role, k, ...]`` lists, in order) are its first round's: all up
-    to and including the first target forward, after which the first tokens are committed."""
-    for i, c in enumerate(calls):
-        if c[0] == "t":
-            return i + 1
-    return len(calls)
+    """How many of a turn's recorded forwards (``[role, k, ...]`` lists, in order) are its first round's
+    (:func:`pacer.decoding.meter.first_round_end`)."""
+    return first_round_end(c[0] for c in calls)
 
 
 def first_round_split(rec: dict, clock: str = "wall",

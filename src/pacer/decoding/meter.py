@@ -15,7 +15,7 @@ launch.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import NamedTuple
@@ -124,6 +124,17 @@ ModelBackend.register(MeteredBackend)
 def metered(backend: ModelBackend, role: str) -> ModelBackend:
     """``backend`` wrapped once in a :class:`MeteredBackend` of ``role`` (an already metered one as it is)."""
     return backend if isinstance(backend, MeteredBackend) else MeteredBackend(backend, role)  # type: ignore[return-value]
+
+
+def first_round_end(roles: Iterable[str]) -> int:
+    """How many of a generation's forwards, in order (given by their roles: ``target``/``draft`` or a record's
+    initials ``t``/``d``), make its first round: all up to and including the first target forward (the prefill),
+    after which the first tokens are committed; the time to first token (TTFT) is theirs."""
+    n = 0
+    for n, role in enumerate(roles, 1):
+        if role[:1] == "t":
+            return n
+    return n
 
 
 #: the parts of a generation's wall time, in the order a report shows them

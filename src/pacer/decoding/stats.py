@@ -11,6 +11,8 @@
 * **per-position acceptance** - for draft position ``i`` (1-based), accepted / proposed among rounds that drafted
   at least ``i`` tokens (a token after the first rejection counts as not accepted).
 * **tokens/s** - new tokens over wall time of the whole generation (prefill included).
+* **ttft** - seconds to the first token: the first round's forwards (the prefill; a drafting method's draft reads
+  the prompt and drafts before it).
 * **time_draft / time_verify / time_policy / time_pool** - seconds in draft forwards, target forwards plus the
   acceptance rule, the length policy's own work (feature building, the pre-verification layer, its updates), and
   a phrase drafter's pool work (lookups, learning, candidate branches).
@@ -82,6 +84,14 @@ class GenerationStats:
         return self.draft_tokens / self.rounds if self.rounds else 0.0
 
     @property
+    def ttft(self) -> float:
+        """Seconds to the first token: the first round's forwards (:func:`pacer.decoding.meter.first_round_end`;
+        the prefill, and for a drafting method the draft's prompt read and first draft before it)."""
+        from .meter import first_round_end
+
+        return sum(c.seconds for c in self.calls[: first_round_end(c.role for c in self.calls)])
+
+    @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.wall_time if self.wall_time > 0 else 0.0
 
@@ -116,6 +126,7 @@ class GenerationStats:
             wasted_draft_tokens=self.wasted_draft_tokens,
             mean_draft_length=round(self.mean_draft_length, 3),
             tokens_per_s=round(self.tokens_per_s, 3),
+            ttft=round(self.ttft, 6),
             per_position_acceptance=[round(x, 4) for x in self.per_position_acceptance()],
             accepted_count_histogram=self.accepted_count_histogram(),
         )
@@ -123,7 +134,8 @@ class GenerationStats:
 
     def summary(self) -> str:
         return (
-            f"[{self.method}] {self.new_tokens} tokens in {self.wall_time:.2f}s = {self.tokens_per_s:.2f} tok/s | "
+            f"[{self.method}] {self.new_tokens} tokens in {self.wall_time:.2f}s = {self.tokens_per_s:.2f} tok/s, "
+            f"first token {self.ttft:.2f}s | "
             f"target calls {self.target_calls}, tau {self.tau:.2f}, acceptance {self.acceptance_rate:.1%}, "
             f"mean draft {self.mean_draft_length:.2f}, wasted {self.wasted_draft_tokens} | "
             f"draft {self.time_draft:.2f}s verify {self.time_verify:.2f}s policy {self.time_policy:.3f}s"

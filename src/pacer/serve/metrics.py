@@ -40,6 +40,7 @@ def request_metrics(stats: GenerationStats) -> dict:
         "acceptance_rate": round(stats.acceptance_rate, 4),
         "draft_lengths": list(stats.draft_lengths),
         "tokens_per_s": round(stats.tokens_per_s, 3),
+        "time_to_first_token_s": round(stats.ttft, 4),  # the generation's own first round (queueing not included)
         "finish_reason": stats.finish_reason,
     }
 
