@@ -346,7 +346,8 @@ def test_a_linear_curve_is_extrapolated_after_four_tokens(home, monkeypatch):
     dec = Decoder(*tiny_pair("close"), threads=1)
 
     def slow_forward(cm, tokens, base):
-        seen.append((cm is dec.target, len(tokens)))
+        if base:  # a forward after a cache (not the prefill)
+            seen.append((cm is dec.target, len(tokens)))
         return 0.01 * len(tokens)
 
     monkeypatch.setattr(cal_mod, "_timed", slow_forward)
@@ -355,6 +356,31 @@ def test_a_linear_curve_is_extrapolated_after_four_tokens(home, monkeypatch):
     assert sorted(cal.costs.draft_curve) == [1, 2, 4, 8]  # the draft's curve, for phrase checks
     assert abs(cal.costs.target_cost(16) - 0.16) < 1e-9
     assert "not free" in cal.verdict()
+
+
+def test_the_prefill_is_timed_warm(home, monkeypatch):
+    """A model's first forward pays one-time costs (weights paged in, kernels chosen): the prefill per token is
+    not timed on it (a cold first forward once priced a Zen 4's prompt token at 3x a 17-token forward's)."""
+    dec = Decoder(*tiny_pair("close"), threads=1)
+    forwarded: set[int] = set()
+    for m in (dec.pair.target, dec.pair.draft_backend(None)):
+        real = m.inner.forward
+
+        def forward(*a, _real=real, _m=m, **k):
+            forwarded.add(id(_m))
+            return _real(*a, **k)
+
+        monkeypatch.setattr(m.inner, "forward", forward)
+    monkeypatch.setattr(dec.pair, "draft_backend", lambda rows, _d=m: _d)
+
+    def timed(cm, tokens, base, keep=1, tree=None):
+        cold = id(cm) not in forwarded  # no forward of this model yet: 100 s, else 10 ms a token
+        forwarded.add(id(cm))
+        return 100.0 if cold else 0.01 * len(tokens)
+
+    monkeypatch.setattr(cal_mod, "_timed", timed)
+    cal = cal_mod.measure(dec.pair, None)
+    assert cal.prefill == pytest.approx(0.01) and cal.costs.draft_prefill == pytest.approx(0.01)
 
 
 def test_cpu_identity_names_the_isa():
