@@ -6,6 +6,8 @@ the draft's prefill per token) and its context sweep (``c_t(k)`` for k = 1, 2, 4
 The curves come from the context sweep only (one run: the k=1 point of the two runs differed by 240 vs 345 ms on
 that shared machine, and mixing them would make a longer context look cheaper); the identity, dtypes and the draft's
 prefill per token from the calibration cache. Tree forwards were not measured there: a tree is priced as a chain.
+A prefill point its own curve contradicts (:func:`pacer.profiles.doubtful_prefills`: the sweep's 32-token prompts,
+at about 1.5x the per-token cost of a 16-token forward, likely timed on cold first forwards) is left out, with a note.
 
 Usage: python scripts/profiles_from_shared.py [SHARED_PROFILES_DIR] [OUT_DIR]
 """
@@ -19,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from pacer.machine import describe_cpu  # noqa: E402
-from pacer.profiles import Profile  # noqa: E402
+from pacer.profiles import Profile, doubtful_prefills  # noqa: E402
 
 SRC = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "shared" / "profiles"
 OUT = Path(sys.argv[2]) if len(sys.argv) > 2 else Path(__file__).resolve().parents[1] / "docs" / "profiles"
@@ -37,6 +39,9 @@ def main() -> None:
         target = {r["context"]: {int(k): v / 1e3 for k, v in r["c_t_ms"].items()} for r in rows}
         draft = {r["context"]: {1: r["c_d_ms"] / 1e3} for r in rows}
         prefill = {r["context"]: r["target_prefill_ms_per_token"] / 1e3 for r in rows}
+        doubtful = doubtful_prefills(target, prefill)  # the sweep's 32-token prompts were its first forwards
+        for n in doubtful:
+            del prefill[n]
         prof = Profile(
             name, {"cpu": key["cpu"], "describe": describe_cpu(key["cpu"]), "threads": key["threads"],
                    "device": "cpu"},
@@ -47,7 +52,8 @@ def main() -> None:
                    f"zen4-avx512bf16-context-costs.json (the curves: medians of 3 forwards, one run)",
             notes=["tree forwards were not measured on this machine: a tree is priced as a chain of the same length",
                    "between runs on this shared machine k=1 moved 240-345 ms (PyTorch) and 31-50 ms (llama.cpp)",
-                   "prefill per token is the target's over a prompt of that many tokens"])
+                   "prefill per token is the target's over a prompt of that many tokens",
+                   *doubtful.values()])
         assert not prof.problems(), prof.problems()
         prof.save(OUT / f"{name}.json")
         print(f"{OUT / (name + '.json')}: c_t(1) at 32 = {target[32][1] * 1e3:.0f} ms")

@@ -17,7 +17,7 @@ from pacer.drafters import TokenDrafter
 from pacer.drafters.phrase import PhraseDrafter
 from pacer.errors import PacerError
 from pacer.policies import FixedPolicy
-from pacer.profiles import FORMAT, Profile, clock, default_name
+from pacer.profiles import FORMAT, Profile, clock, default_name, doubtful_prefills
 from pacer.sampling import SamplingConfig
 from test_backend import FakeBackend
 
@@ -125,9 +125,23 @@ def test_the_shipped_profiles_load_and_name_their_machine():
         p = Profile.load(root / f"{name}.json")
         assert p.name == name == default_name(p) and "family 25, model 17" in p.machine["describe"]
         assert set(p.target_cost) == {32, 512, 2048} and not p.problems()
+    for path in root.glob("*.json"):  # no prefill point its own curve contradicts (a cold first forward)
+        p = Profile.load(path)
+        assert doubtful_prefills(p.target_cost, p.target_prefill) == {}, path.name
     flat = Profile.load(root / "zen4-avx512bf16-transformers-bf16.json").costs()
     steep = Profile.load(root / "zen4-avx512bf16-llamacpp-q4km.json").costs()
     assert flat.verification_growth(8) < 1.2 < 3 < steep.verification_growth(8)
+
+
+def test_a_prefill_its_curve_contradicts_is_doubtful():
+    """A prefill of n tokens costs per token at most a token of the curve's longest forward after n cached (it
+    reads the weights once for more tokens and attends to fewer): a point well above that is flagged, one just
+    within the slack or below is not, each compared at its own context."""
+    curve = {32: {1: 0.20, 16: 0.32}, 512: {1: 0.25, 16: 0.48}}  # 20 ms a token at 32, 30 ms at 512
+    assert doubtful_prefills(curve, {32: 0.010, 512: 0.036}) == {}  # 0.5x and 1.2x their bounds
+    bad = doubtful_prefills(curve, {32: 0.030, 128: 0.012, 512: 0.036})
+    assert list(bad) == [32] and "1.50x" in bad[32] and "cold" in bad[32]
+    assert list(doubtful_prefills(curve, {512: 0.040})) == [512]  # 1.33x the bound at its own context
 
 
 class VirtualClock:

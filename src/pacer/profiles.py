@@ -267,6 +267,30 @@ class Profile:
                    {ctx: dict(cal.costs.tree)} if cal.costs.tree else {}, source=f"calibration ({cal.source})")
 
 
+#: how much dearer a prefill may be per token than a token of the curve's longest forward (:func:`doubtful_prefills`)
+PREFILL_SLACK = 1.25
+
+
+def doubtful_prefills(target_cost: Curves, target_prefill: dict[int, float]) -> dict[int, str]:
+    """The prefill points (``{n: why}``) that the same machine's curve contradicts. A prefill of ``n`` tokens
+    reads every weight once for all ``n`` tokens, as a forward of ``k`` tokens does for its ``k``, and attends
+    to at most ``n`` tokens where that forward attends to ``n + k`` after ``n`` cached: per token it costs no
+    more than ``c_t(k_max) / k_max`` at context ``n``. A point above :data:`PREFILL_SLACK` times that timed
+    something else, most likely a model's first (cold) forward: the shipped profiles' points are 0.14-0.68 of
+    that bound (the Intel Xeon's and the Zen 5's, measured warm by ``--export``, and the Zen 4's longer prompts),
+    the Zen 4 sweep's 32-token prompts 1.54 (llama.cpp) and 1.57 (PyTorch)."""
+    bad = {}
+    for n, v in target_prefill.items():
+        curve = _at_context(target_cost, n)
+        kmax = max(curve)
+        bound = curve[kmax] / kmax
+        if v > PREFILL_SLACK * bound:
+            bad[n] = (f"a {n}-token prefill at {v * 1e3:.1f} ms a token is {v / bound:.2f}x a token of the "
+                      f"{kmax}-token forward after {n} cached ({bound * 1e3:.1f} ms): contradicted by the curve "
+                      f"(likely a cold first forward), left out")
+    return bad
+
+
 def clock(profile: Profile, wall: float, calls: Iterable[Call]) -> float:
     """Seconds of a generation on ``profile``'s machine: every forward priced there, plus this run's own overhead
     (``wall`` minus the forwards' measured seconds)."""
@@ -370,9 +394,13 @@ def measure(pair: Pair, rows: torch.Tensor | None = None, contexts: Sequence[int
                "device": devices.describe(target.device) if target.device.type != "cpu" else "cpu"}
     from .calibration import backend_version
 
+    doubtful = doubtful_prefills(tc, pre)
+    for n in doubtful:
+        del pre[n]
     return Profile(name or "this machine", machine, backend, backend_version(pair.target_info), t, d, tc, pre,
                    dc, draft_prefill, tr, measured=_dt.date.today().isoformat(),
-                   source=f"pacer calibrate --export (median of {reps} forwards a point)")
+                   source=f"pacer calibrate --export (median of {reps} forwards a point)",
+                   notes=list(doubtful.values()))
 
 
 def default_name(profile: Profile) -> str:
