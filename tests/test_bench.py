@@ -120,6 +120,13 @@ def test_report_prices_ttft_only_with_the_runs_own_profile(tmp_path):
     assert not s["priced_first_round"] and s["groups"]["overall"]["ar"]["ttft"] is None
     assert s["groups"]["overall"]["ar"]["wall_ttft"] == pytest.approx(0.01)
     assert "could not be loaded here" in (tmp_path / "b" / "report.md").read_text()
+    # a run made before the digest was recorded: the file is used only where it prices the records as they are
+    old = {"profile_clock": {k: v for k, v in meta["profile_clock"].items() if k != "sha256"}}
+    (tmp_path / "c").mkdir()
+    assert not write_report(tmp_path / "c", recs, ["ar", "sd"], old)["priced_first_round"]  # the changed file
+    prof.target_prefill = {32: 0.01}
+    prof.save(path)
+    assert write_report(tmp_path / "c", recs, ["ar", "sd"], old)["priced_first_round"]  # the run's own
 
 
 def test_repeats_give_spread():
@@ -761,6 +768,29 @@ def test_quick_profile_clock(tmp_path, capsys):
                  "--costs", str(tmp_path / "other.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "another target model" in err[-1] and "Traceback" not in "\n".join(err)
+    # --reprice: the same records priced with another profile of the pair, no models, into a new folder
+    dearer = Profile("slow-flat-x2", prof.machine, backend, "torch", t, d, {32: dict.fromkeys((1, 2, 4, 8), 2 * slow)},
+                     {32: slow / 4}, {32: {1: slow / 5}}, slow / 50)
+    dearer.save(tmp_path / "x2.json")
+    out3 = tmp_path / "b3"
+    assert main(["bench", "--reprice", str(out), "--costs", str(tmp_path / "x2.json"), "--out", str(out3)]) == 0
+    assert (out / "answers.jsonl").read_text() == before  # the run repriced is left as it was
+    again, _ = rec_io.read_answers(out3 / "answers.jsonl")
+    for r, r2 in zip(recs, again, strict=True):
+        c, c2 = r["choices"][0], r2["choices"][0]
+        assert c2["token_ids"] == c["token_ids"] and c2["wall_time"] == c["wall_time"]
+        for calls, t1, t2 in zip(c["calls"], c["profile_time"], c2["profile_time"], strict=True):
+            forwards = sum(prof.price(Call.from_list(x)) for x in calls)
+            assert t2 == pytest.approx(t1 + forwards, abs=1e-5)  # every forward at twice the price, overhead kept
+    s3 = json.loads((out3 / "summary.json").read_text())
+    assert s3["groups"]["overall"]["ar"]["ttft"] == pytest.approx(2 * ar["ttft"], rel=1e-3)
+    report = (out3 / "report.md").read_text()
+    assert "slow-flat-x2" in report and f"re-priced from {out}" in report and "slow-flat (" in report
+    capsys.readouterr()
+    assert main(["bench", "--reprice", str(out), "--costs", str(tmp_path / "other.json"), "--out",
+                 str(tmp_path / "b4")]) == 2  # another pair's profile
+    assert "another target model" in capsys.readouterr().err and not (tmp_path / "b4").exists()
+    assert main(["bench", "--reprice", str(out), "--costs", str(tmp_path / "x2.json"), "--out", str(out)]) == 2
 
 
 def test_rule_thresholds_chosen_on_validation_prompts(tmp_path):

@@ -67,6 +67,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="re-diagnose every output in --out that differs from ar with the current near-tie criterion "
                         "(loads the run's target, rebuilds its questions from run.json; no timing is redone), "
                         "then rebuild the report")
+    p.add_argument("--reprice", type=Path, default=None, metavar="RUN",
+                   help="price the forwards recorded in run folder RUN again with --costs (a corrected or another "
+                        "profile of the same pair and backend) and write that run and its report to --out; no "
+                        "models, no timing redone: the cost rule's decisions stay those RUN made with its own costs")
     p.add_argument("--quick", action="store_true", help="CI smoke: tiny random models, built-in questions")
     p.add_argument("--skip-failing", action="store_true", help="drop methods that fail their warm-up")
     p.add_argument("--costs", type=Path, default=None, metavar="PROFILE.json",
@@ -233,6 +237,52 @@ def _report(out: Path, specs_labels: list[str], meta: dict) -> dict:
     return write_report(out, records, labels, meta)
 
 
+def reprice(run: Path, costs: Path | None, out: Path) -> int:
+    """``--reprice RUN --costs FILE --out OUT``: RUN's records with every forward priced again on FILE's clock
+    (:func:`pacer.profiles.clock`: the recorded calls and wall times, no models), written with a report to OUT.
+    The rule decided with the costs RUN ran with, which the report says; a profile of another pair or backend is
+    refused, and OUT must not be RUN (its records stay as they were priced)."""
+    from ..decoding.meter import Call
+    from ..profiles import Profile, clock
+    from . import records as rec_io
+
+    if costs is None:
+        raise PacerError("--reprice needs --costs PROFILE.json: the profile to price the run's forwards with")
+    if out.resolve() == run.resolve():
+        raise PacerError("--reprice writes a new run folder: pass another --out than the run it reprices")
+    if (out / "answers.jsonl").exists():
+        raise PacerError(f"{out} already holds a run; pass an empty --out")
+    meta = _read_meta(run)
+    if not meta or not (run / "answers.jsonl").exists():
+        raise PacerError(f"--reprice: {run} holds no pacer bench run (run.json and answers.jsonl)")
+    prof = Profile.load(costs)
+    prof.check_pair(meta.get("backend", ""), {"fingerprint": meta.get("target_fingerprint"),
+                                               "dtype": meta.get("target_weights")}, None)
+    was = meta.get("profile_clock") or {}
+    records, _ = rec_io.read_answers(run / "answers.jsonl")
+    for rec in records:
+        c = rec["choices"][0]
+        if c.get("calls") and all(c["calls"]) and len(c["calls"]) == len(c["wall_time"]):
+            c["profile_time"] = [round(clock(prof, w, [Call.from_list(x) for x in calls]), 6)
+                                 for w, calls in zip(c["wall_time"], c["calls"], strict=True)]
+    commit = str(meta.get("git_commit") or "?")[:12]
+    decided = f"{was['profile']}, as {was.get('file')} held it at the run's commit {commit}" if was else \
+        "this machine's own costs"
+    meta["profile_clock"] = {"profile": prof.describe(), "file": str(costs), "machine": prof.machine.get("describe"),
+                             "notes": [*prof.notes, f"re-priced from {run} by --reprice: the cost rule decided "
+                                                    f"with {decided}"],
+                             "c_t1": prof.c1(), "sha256": prof.digest()}
+    meta["repriced_from"] = {"run": str(run), "profile_clock": was or None}
+    out.mkdir(parents=True, exist_ok=True)
+    for rec in records:
+        rec_io.append(out / "answers.jsonl", rec)
+    _write_meta(out, meta)
+    summary = _report(out, meta.get("methods", []), meta)
+    print(f"pacer bench: {len(records)} record(s) of {run} re-priced with {costs}; report in {out} "
+          f"({len(summary['divergences'])} lossless violations)")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from .methods import parse_methods
 
@@ -255,6 +305,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0
     if args.recheck_lossless:
         return recheck_lossless(out)
+    if args.reprice is not None:
+        return reprice(args.reprice, args.costs, out)
     _validate(args)
     if not args.quick:
         from ..args import check_model_args

@@ -288,8 +288,9 @@ def _first_token(L: list[str], overall: dict, profile: bool, priced: bool) -> No
              "first draft). TPOT: the rest of the time over the tokens committed after the first round. *decode "
              "speedup*: the speedup on those tokens alone (mean decode tok/s over `ar`'s, as the speedup).\n")
     if profile and not priced:
-        L.append("The profile of this run's `--costs` could not be loaded here: TTFT and TPOT are the wall clock's "
-                 "only.\n")
+        L.append("The profile of this run's `--costs` could not be loaded here, or has changed since the run priced "
+                 "with it (`pacer bench --reprice` prices a run again with a profile): TTFT and TPOT are the wall "
+                 "clock's only.\n")
     L.append("| method | TTFT | TPOT | decode speedup" + (" | wall TTFT | wall TPOT | wall decode speedup" if profile
                                                          else "") + " |")
     L.append("|---|---|---|---" + ("|---|---|---" if profile else "") + "|")
@@ -300,9 +301,10 @@ def _first_token(L: list[str], overall: dict, profile: bool, priced: bool) -> No
     L.append("")
 
 
-def _pricer(meta: dict):
+def _pricer(meta: dict, records: list[dict] = ()):
     """A recorded forward's seconds on the run's profile clock (``None``: no profile clock, or its profile file is
-    not here or not the one the run priced with)."""
+    not here or not the one the run priced with: its digest differs from the run's, or, for a run made before the
+    digest was recorded, it does not reproduce the records' profile-clock times)."""
     pc = meta.get("profile_clock") or {}
     if not pc.get("file"):
         return None
@@ -315,14 +317,23 @@ def _pricer(meta: dict):
     except (PacerError, OSError, ValueError):
         return None
     if prof.describe() != pc.get("profile") or pc.get("sha256", prof.digest()) != prof.digest():
-        return None  # runs made before the digest was recorded are matched by the profile's description
+        return None
+    if "sha256" not in pc:  # a run made before the digest was recorded: the file must price its records as they are
+        from ..profiles import clock
+
+        for r in records:
+            c = r["choices"][0]
+            for w, calls, t in zip(c.get("wall_time") or [], c.get("calls") or [], c.get("profile_time") or [],
+                                   strict=False):
+                if calls and abs(clock(prof, w, [Call.from_list(x) for x in calls]) - t) > 1e-5 + 1e-6 * t:
+                    return None
     return lambda x: prof.price(Call.from_list(x))
 
 
 def write_report(out: Path, records: list[dict], methods: list[str], meta: dict) -> dict:
     """Write ``summary.json``, ``report.md`` and the plots into ``out``; returns the summary."""
     clock = "profile" if meta.get("profile_clock") else "wall"
-    price = _pricer(meta) if clock == "profile" else None
+    price = _pricer(meta, records) if clock == "profile" else None
     summary = summarize(records, [m for m in methods if any(r["method"] == m for r in records)], clock, price)
     summary["priced_first_round"] = clock == "wall" or price is not None
     summary["meta"] = meta
