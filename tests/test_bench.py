@@ -786,6 +786,7 @@ def test_quick_profile_clock(tmp_path, capsys):
     assert s3["groups"]["overall"]["ar"]["ttft"] == pytest.approx(2 * ar["ttft"], rel=1e-3)
     report = (out3 / "report.md").read_text()
     assert "slow-flat-x2" in report and f"re-priced from {out}" in report and "slow-flat (" in report
+    assert f"--reprice {out} --costs {tmp_path / 'x2.json'}" in report
     capsys.readouterr()
     assert main(["bench", "--reprice", str(out), "--costs", str(tmp_path / "other.json"), "--out",
                  str(tmp_path / "b4")]) == 2  # another pair's profile

@@ -272,7 +272,8 @@ def reprice(run: Path, costs: Path | None, out: Path) -> int:
                              "notes": [*prof.notes, f"re-priced from {run} by --reprice: the cost rule decided "
                                                     f"with {decided}"],
                              "c_t1": prof.c1(), "sha256": prof.digest()}
-    meta["repriced_from"] = {"run": str(run), "profile_clock": was or None}
+    meta["repriced_from"] = {"run": str(run), "profile_clock": was or None,
+                             "git_commit": _git("rev-parse", "HEAD") or "unknown"}
     out.mkdir(parents=True, exist_ok=True)
     for rec in records:
         rec_io.append(out / "answers.jsonl", rec)

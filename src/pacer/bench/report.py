@@ -107,6 +107,11 @@ def markdown(summary: dict, meta: dict) -> str:
     L.append(f"- command: `{meta.get('command', '?')}`")
     L.append(f"- git commit: `{meta.get('git_commit', 'unknown')}`" + (" (with uncommitted changes)"
                                                                       if meta.get("git_dirty") else ""))
+    if rp := meta.get("repriced_from"):
+        L.append(f"- **re-priced**: the records of `{rp.get('run')}` (run by the command above), every forward "
+                 f"priced again by `pacer bench --reprice {rp.get('run')} --costs "
+                 f"{(meta.get('profile_clock') or {}).get('file')}` at commit `{rp.get('git_commit', '?')}`; "
+                 f"no timing was redone")
     for k in ("started", "updated", "cpu", "target", "draft", "dtype", "threads", "max_new_tokens", "repeats",
               "datasets", "selection", "load_average_at_start", "torch", "transformers"):
         if k in meta:
