@@ -792,6 +792,20 @@ def test_quick_profile_clock(tmp_path, capsys):
                  str(tmp_path / "b4")]) == 2  # another pair's profile
     assert "another target model" in capsys.readouterr().err and not (tmp_path / "b4").exists()
     assert main(["bench", "--reprice", str(out), "--costs", str(tmp_path / "x2.json"), "--out", str(out)]) == 2
+    # only what the run priced is priced again (an anchor on another backend was not)
+    import shutil
+
+    shutil.copytree(out, tmp_path / "b5")
+    kept = []
+    for r in recs:
+        if r["method"] == "ouroboros":
+            del r["choices"][0]["profile_time"]
+        kept.append(json.dumps(r))
+    (tmp_path / "b5" / "answers.jsonl").write_text("\n".join(kept) + "\n")
+    assert main(["bench", "--reprice", str(tmp_path / "b5"), "--costs", str(tmp_path / "x2.json"), "--out",
+                 str(tmp_path / "b6")]) == 0
+    again, _ = rec_io.read_answers(tmp_path / "b6" / "answers.jsonl")
+    assert {r["method"] for r in again if "profile_time" not in r["choices"][0]} == {"ouroboros"}
 
 
 def test_rule_thresholds_chosen_on_validation_prompts(tmp_path):

@@ -262,7 +262,8 @@ def reprice(run: Path, costs: Path | None, out: Path) -> int:
     records, _ = rec_io.read_answers(run / "answers.jsonl")
     for rec in records:
         c = rec["choices"][0]
-        if c.get("calls") and all(c["calls"]) and len(c["calls"]) == len(c["wall_time"]):
+        # only what the run priced: an anchor on another backend, or a method outside pacer's loop, is not
+        if "profile_time" in c and c.get("calls") and all(c["calls"]) and len(c["calls"]) == len(c["wall_time"]):
             c["profile_time"] = [round(clock(prof, w, [Call.from_list(x) for x in calls]), 6)
                                  for w, calls in zip(c["wall_time"], c["calls"], strict=True)]
     commit = str(meta.get("git_commit") or "?")[:12]
