@@ -394,32 +394,6 @@ def test_cpu_identity_names_the_isa():
     assert line == "X (family 25, model 1), AVX2, PyTorch kernels AVX2, ATEN_CPU_CAPABILITY=avx2"
 
 
-def test_branch_yield_is_learnt_per_generation():
-    """What a phrase pool's continuations yield is the prompt's: a generation's own branches price its next
-    ones, and the earlier generations' yield is only their prior (a code prompt's branches are not priced at a
-    prose run's yield, nor the next prompt's at this one's)."""
-    mem = CostMemory()
-    costs = Costs(draft=0.03, target={1: 0.3, 17: 0.5})  # a scored token costs 4% of a forward
-    pol = CostAwarePolicy(FixedPolicy(gamma=4), costs, memory=mem)
-
-    def room() -> int:
-        pol.S, pol.spent = [0.9, 0.8, 0.7], 3 * costs.draft
-        return pol.branch_room(3)
-
-    mem.branch_update(400, 8)  # earlier prompts: 2% of branch tokens accepted
-    mem.pool_update(400, 8)
-    pol.reset()  # a new generation
-    assert mem.branch_yield() == pytest.approx(10 / 408) and room() == 0
-    mem.branch_update(20, 10)  # this prompt: half of them
-    assert mem.branch_yield() == pytest.approx((10 + 8 * 10 / 408) / 28) and room() >= 4
-    assert mem.pool_yield() == pytest.approx(10 / 408)  # learnt apart
-    pol.reset()  # the next prompt starts from all the earlier ones
-    assert mem.branch_yield() == pytest.approx(20 / 428) and room() == 0
-    mem.TURN_WEIGHT = 0  # one yield for every generation
-    mem.branch_update(20, 10)
-    assert mem.branch_yield() == pytest.approx(30 / 448)
-
-
 def test_candidate_branches_pay_like_draft_tokens():
     """Branch tokens are scored only where their expected accepted tokens beat their priced cost: none after a
     round that drafted nothing, none on a curve where a scored token costs a forward, none where the tree kernel

@@ -113,12 +113,6 @@ class CostMemory:
         self.trials = [prior] * (positions + 1)
         self.branch_offered = self.branch_gained = 0.0  # candidate-branch tokens scored / accepted
         self.pool_offered = self.pool_gained = 0.0  # the same for branches in rounds that drafted nothing
-        #: the same four in the current generation alone (:meth:`new_generation`)
-        self.turn = {"branch": [0.0, 0.0], "pool": [0.0, 0.0]}
-
-    def new_generation(self) -> None:
-        """A generation starts (:meth:`CostAwarePolicy.reset`): what its own branches yield is learnt anew."""
-        self.turn = {"branch": [0.0, 0.0], "pool": [0.0, 0.0]}
 
     def alpha(self, i: int = 1) -> float:
         """``α_i``; a position seen rarely leans on the one before it (its prior is ``α_{i-1}``, weight
@@ -131,23 +125,11 @@ class CostMemory:
 
     #: prior of :meth:`branch_yield`: accepted tokens per branch token offered, weight in tokens
     BRANCH_PRIOR, BRANCH_WEIGHT = 0.25, 8.0
-    #: weight, in branch tokens, of the earlier generations' yield as the prior of a generation's own
-    #: (:meth:`branch_yield`; 0: one yield for all generations)
-    TURN_WEIGHT = 8.0
 
     def branch_yield(self) -> float:
-        """Accepted tokens per candidate-branch token the target scored in rounds whose whole draft survived: the
-        current generation's own, shrunk towards the earlier generations' (weight :attr:`TURN_WEIGHT`), itself
-        shrunk towards :attr:`BRANCH_PRIOR`. Per generation, because what a phrase pool's continuations yield is
-        the prompt's (on 10 HumanEval questions 0-51% a question, 2026-12-06, Intel Xeon): with one yield for a
-        whole run, the other prompts' yield prices this one's branches."""
-        return self._yield("branch", self.branch_gained, self.branch_offered)
-
-    def _yield(self, kind: str, gained: float, offered: float) -> float:
-        g, o = self.turn[kind]
-        before = self._shrunk(gained - g, offered - o)
-        w = self.TURN_WEIGHT
-        return (g + w * before) / (o + w) if w > 0 else self._shrunk(gained, offered)
+        """Accepted tokens per candidate-branch token the target scored in rounds whose whole draft survived
+        (shrunk towards :attr:`BRANCH_PRIOR`)."""
+        return self._shrunk(self.branch_gained, self.branch_offered)
 
     @classmethod
     def _shrunk(cls, gained: float, offered: float) -> float:
@@ -156,19 +138,15 @@ class CostMemory:
     def branch_update(self, offered: int, gained: int) -> None:
         self.branch_offered += offered
         self.branch_gained += gained
-        self.turn["branch"][0] += gained
-        self.turn["branch"][1] += offered
 
     def pool_yield(self) -> float:
         """:meth:`branch_yield` of the branches scored in rounds where the draft model drafted nothing (a phrase
         pool's continuations of the committed text): learnt apart, as they are read in other rounds."""
-        return self._yield("pool", self.pool_gained, self.pool_offered)
+        return self._shrunk(self.pool_gained, self.pool_offered)
 
     def pool_update(self, offered: int, gained: int) -> None:
         self.pool_offered += offered
         self.pool_gained += gained
-        self.turn["pool"][0] += gained
-        self.turn["pool"][1] += offered
 
     #: how much of the acceptance evidence a round the rule declined to draft keeps (see :meth:`fade`)
     IDLE_FADE = 0.98
@@ -247,7 +225,6 @@ class CostAwarePolicy(DraftPolicy):
 
     def reset(self) -> None:
         self.inner.reset()
-        self.memory.new_generation()
         self.scale_d = self.scale_t = 1.0
         self.costs = self.base
         self.rounds = self.zero_rounds = 0
