@@ -294,6 +294,25 @@ def test_calibration_is_cached_and_remeasured_when_its_key_changes(home, monkeyp
     assert len(calls) == 5  # the first key is still cached
 
 
+def test_a_cached_prefill_timed_cold_is_remeasured(home, monkeypatch):
+    """A calibration cached before the prefill was timed warm may hold a cold first forward's prefill (the Zen 4's:
+    71 ms a prompt token against 22 ms a token of its 17-token forward): one its own curve contradicts is
+    measured again, with a note; a plausible one is used."""
+    calls = counting(monkeypatch)
+    dec = Decoder(*tiny_pair("close"), threads=1)
+    first = cal_mod.load_or_measure(dec.pair, None, progress=False)
+    c = first.costs
+    bound = c.target[max(c.target)] / max(c.target)
+    for prefill, again in ((bound, False), (3 * bound, True)):
+        first.prefill = prefill
+        cal_mod.save(first)
+        cal = cal_mod.load_or_measure(dec.pair, None, progress=False)
+        assert (cal.source == "measured") == again and calls == [1] * (1 + again)
+        assert again == any("cold first forward" in n for n in cal.notes)
+        calls.clear()
+        calls.append(1)
+
+
 @pytest.mark.parametrize("damage", ["garbage", "checksum", "truncated", "other-key"])
 def test_a_damaged_cache_is_remeasured_with_a_note(home, monkeypatch, damage):
     calls = counting(monkeypatch)

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from . import devices
-from .costs import Costs
+from .costs import Costs, prefill_doubt
 from .machine import FORMAT, STORE, cpu_identity
 
 #: the draft forwards measured besides one token: a phrase check over k new tokens (Ouroboros)
@@ -262,6 +262,8 @@ def load(key: dict) -> tuple[Calibration | None, str]:
                                    [f"target prefill is {cal.prefill}"])
     if bad:  # a file edited by hand with its checksum recomputed, say
         return None, f"calibration cache {cache_path(key)} holds unusable costs ({bad[0]})"
+    if cal.prefill and (why := prefill_doubt(CONTEXT, cal.prefill, cal.costs.target)) is not None:
+        return None, f"calibration cache {cache_path(key)}: {why}"  # timed before the prefill was timed warm
     return cal, ""
 
 

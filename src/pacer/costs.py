@@ -115,6 +115,28 @@ class Costs:
         return self.target_cost(k) / self.target_cost(1)
 
 
+#: how much dearer a prefill may be per token than a token of the curve's longest forward (:func:`prefill_doubt`)
+PREFILL_SLACK = 1.25
+
+
+def prefill_doubt(n: int, per_token: float, curve: dict[int, float]) -> str | None:
+    """Why a target prefill of ``n`` tokens at ``per_token`` seconds a token cannot be right on a machine whose
+    curve after ``n`` cached tokens is ``curve`` (``None``: it can). A prefill reads every weight once for all
+    ``n`` tokens, as a forward of ``k`` tokens does for its ``k``, and attends to at most ``n`` tokens where that
+    forward attends to ``n + k``: per token it costs no more than ``c_t(k_max) / k_max``. A point above
+    :data:`PREFILL_SLACK` times that timed something else, most likely a model's first (cold) forward: the
+    shipped profiles' points are 0.14-0.68 of that bound (the Intel Xeon's and the Zen 5's, measured warm by
+    ``--export``, and the Zen 4's longer prompts), the Zen 4 sweep's 32-token prompts 1.54 (llama.cpp) and 1.57
+    (PyTorch), the Zen 4's calibration (a cold first forward) 3.3."""
+    kmax = max(curve)
+    bound = curve[kmax] / kmax
+    if per_token <= PREFILL_SLACK * bound:
+        return None
+    return (f"a {n}-token prefill at {per_token * 1e3:.1f} ms a token is {per_token / bound:.2f}x a token of the "
+            f"{kmax}-token forward after {n} cached ({bound * 1e3:.1f} ms): contradicted by the curve (likely a "
+            f"cold first forward)")
+
+
 def interpolate(curve: dict[int, float], k: int, clamp: bool = False) -> float:
     """A cost curve at ``k``: linear between measured points, the first point below it, and beyond the last one
     proportional to ``k`` (a forward's cost) or, with ``clamp``, the last point (a cost per token)."""

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .costs import Costs, interpolate
+from .costs import Costs, interpolate, prefill_doubt
 from .decoding.meter import DRAFT, TARGET, Call
 from .errors import PacerError
 
@@ -267,27 +267,13 @@ class Profile:
                    {ctx: dict(cal.costs.tree)} if cal.costs.tree else {}, source=f"calibration ({cal.source})")
 
 
-#: how much dearer a prefill may be per token than a token of the curve's longest forward (:func:`doubtful_prefills`)
-PREFILL_SLACK = 1.25
-
-
 def doubtful_prefills(target_cost: Curves, target_prefill: dict[int, float]) -> dict[int, str]:
-    """The prefill points (``{n: why}``) that the same machine's curve contradicts. A prefill of ``n`` tokens
-    reads every weight once for all ``n`` tokens, as a forward of ``k`` tokens does for its ``k``, and attends
-    to at most ``n`` tokens where that forward attends to ``n + k`` after ``n`` cached: per token it costs no
-    more than ``c_t(k_max) / k_max`` at context ``n``. A point above :data:`PREFILL_SLACK` times that timed
-    something else, most likely a model's first (cold) forward: the shipped profiles' points are 0.14-0.68 of
-    that bound (the Intel Xeon's and the Zen 5's, measured warm by ``--export``, and the Zen 4's longer prompts),
-    the Zen 4 sweep's 32-token prompts 1.54 (llama.cpp) and 1.57 (PyTorch)."""
+    """The prefill points (``{n: why}``) that the same machine's curve at context ``n`` contradicts
+    (:func:`pacer.costs.prefill_doubt`)."""
     bad = {}
     for n, v in target_prefill.items():
-        curve = _at_context(target_cost, n)
-        kmax = max(curve)
-        bound = curve[kmax] / kmax
-        if v > PREFILL_SLACK * bound:
-            bad[n] = (f"a {n}-token prefill at {v * 1e3:.1f} ms a token is {v / bound:.2f}x a token of the "
-                      f"{kmax}-token forward after {n} cached ({bound * 1e3:.1f} ms): contradicted by the curve "
-                      f"(likely a cold first forward), left out")
+        if (why := prefill_doubt(n, v, _at_context(target_cost, n))) is not None:
+            bad[n] = f"{why}, left out"
     return bad
 
 
