@@ -798,14 +798,36 @@ def test_quick_profile_clock(tmp_path, capsys):
     shutil.copytree(out, tmp_path / "b5")
     kept = []
     for r in recs:
-        if r["method"] == "ouroboros":
-            del r["choices"][0]["profile_time"]
+        if r["method"] == "ouroboros":  # as an anchor's: priced on no clock
+            del r["choices"][0]["profile_time"], r["choices"][0]["own_time"]
         kept.append(json.dumps(r))
     (tmp_path / "b5" / "answers.jsonl").write_text("\n".join(kept) + "\n")
     assert main(["bench", "--reprice", str(tmp_path / "b5"), "--costs", str(tmp_path / "x2.json"), "--out",
                  str(tmp_path / "b6")]) == 0
     again, _ = rec_io.read_answers(tmp_path / "b6" / "answers.jsonl")
     assert {r["method"] for r in again if "profile_time" not in r["choices"][0]} == {"ouroboros"}
+    # a re-priced run is not resumed (its rule decided with other costs than its profile's)
+    capsys.readouterr()
+    head = argv[: argv.index("--out")]
+    assert main([*head, "--out", str(out3), "--methods", "ar,sd:gamma=3,ouroboros", "--costs",
+                 str(tmp_path / "x2.json"), "--resume"]) == 2
+    assert "re-priced run" in capsys.readouterr().err
+    # a wall-clock run (no --costs) is priced onto the profile clock; a non-empty or file --out is refused whole
+    wall = tmp_path / "w"
+    assert main([*head, "--out", str(wall), "--methods", "ar,sd:gamma=3"]) == 0
+    capsys.readouterr()
+    assert main(["bench", "--reprice", str(wall), "--costs", str(path), "--out", str(tmp_path / "w2")]) == 0
+    assert "4 of 4 record(s)" in capsys.readouterr().out
+    w2 = json.loads((tmp_path / "w2" / "summary.json").read_text())
+    assert w2["clock"] == "profile" and w2["groups"]["overall"]["ar"]["tokens_per_s"] < 1 / slow + 1e-9
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("keep")
+    (tmp_path / "afile").write_text("keep")
+    for bad in (tmp_path / "full", tmp_path / "afile"):
+        assert main(["bench", "--reprice", str(wall), "--costs", str(path), "--out", str(bad)]) == 2
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert (tmp_path / "full" / "x").read_text() == "keep" and (tmp_path / "afile").read_text() == "keep"
+    assert not list(tmp_path.glob(".*reprice*"))  # nothing left aside
 
 
 def test_rule_thresholds_chosen_on_validation_prompts(tmp_path):

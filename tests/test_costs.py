@@ -297,15 +297,18 @@ def test_calibration_is_cached_and_remeasured_when_its_key_changes(home, monkeyp
 def test_a_cached_prefill_timed_cold_is_remeasured(home, monkeypatch):
     """A calibration cached before the prefill was timed warm may hold a cold first forward's prefill (the Zen 4's:
     71 ms a prompt token against 22 ms a token of its 17-token forward): one its own curve contradicts is
-    measured again, with a note; a plausible one is used."""
+    measured again, with a note; a plausible one is used, and so is one measured warm whatever it costs (or every
+    start would measure again)."""
     calls = counting(monkeypatch)
     dec = Decoder(*tiny_pair("close"), threads=1)
     first = cal_mod.load_or_measure(dec.pair, None, progress=False)
     c = first.costs
     bound = c.target[max(c.target)] / max(c.target)
-    for prefill, again in ((bound, False), (3 * bound, True)):
+    for prefill, warm, again in ((bound, False, False), (3 * bound, False, True), (3 * bound, True, False)):
         first.prefill = prefill
-        cal_mod.save(first)
+        payload = first.payload()
+        assert payload.pop("prefill_warm") is True  # what measure() caches now
+        cal_mod.STORE.put(first.key, {**payload, **({"prefill_warm": True} if warm else {})})
         cal = cal_mod.load_or_measure(dec.pair, None, progress=False)
         assert (cal.source == "measured") == again and calls == [1] * (1 + again)
         assert again == any("cold first forward" in n for n in cal.notes)
@@ -392,10 +395,8 @@ def test_the_prefill_is_timed_warm(home, monkeypatch):
         monkeypatch.setattr(m.inner, "forward", forward)
     monkeypatch.setattr(dec.pair, "draft_backend", lambda rows, _d=m: _d)
 
-    def timed(cm, tokens, base, keep=1, tree=None):
-        cold = id(cm) not in forwarded  # no forward of this model yet: 100 s, else 10 ms a token
-        forwarded.add(id(cm))
-        return 100.0 if cold else 0.01 * len(tokens)
+    def timed(cm, tokens, base, keep=1, tree=None):  # before a warm-up forward of the model: 100 s, else 10 ms a token
+        return 100.0 if id(cm) not in forwarded else 0.01 * len(tokens)
 
     monkeypatch.setattr(cal_mod, "_timed", timed)
     cal = cal_mod.measure(dec.pair, None)
@@ -499,6 +500,8 @@ def test_what_the_rule_learns_carries_over_to_the_next_generation():
     dec.generate(PROMPTS[0], "ouroboros", max_new_tokens=4, options={"candidates": 1})
     dec.generate(PROMPTS[0], "ouroboros", max_new_tokens=4, options={"candidates": 3})
     assert len(dec._cost_memory) == 3
+    dec.generate(PROMPTS[0], "ouroboros", max_new_tokens=4, options={"candidates": 3, "draft_vocab": dec.draft_vocab})
+    assert len(dec._cost_memory) == 3  # the same rows: the same memory
 
 
 def test_per_position_acceptance_counts_only_the_positions_that_were_reached():

@@ -142,6 +142,7 @@ def test_a_prefill_its_curve_contradicts_is_doubtful():
     bad = doubtful_prefills(curve, {32: 0.030, 128: 0.012, 512: 0.036})
     assert list(bad) == [32] and "1.50x" in bad[32] and "cold" in bad[32]
     assert list(doubtful_prefills(curve, {512: 0.040})) == [512]  # 1.33x the bound at its own context
+    assert doubtful_prefills(curve, {4096: 1.0}) == {}  # beyond the contexts measured: not judged
 
 
 class VirtualClock:

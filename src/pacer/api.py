@@ -212,12 +212,13 @@ class Decoder:
             return policy
         cal = self.calibration(rows)
         costs = replace(cal.costs, policy_per_check=policy.check_seconds)
-        # what the rule learned about this method on this pair carries over to its next generation (the drafter's
-        # options too: what its branches yield is that drafter's)
+        # what the rule learned about this method on this pair carries over to its next generation (keyed by the
+        # drafter's options too: what its branches yield is that drafter's; the vocabulary is in the rows' size)
         size = None if rows is None else len(rows)
         bounds = req.bounds
-        key = "|".join(map(str, (req.method, sorted(req.policy_options.items()), sorted(req.drafter_options.items()),
-                                 bounds.get("min_draft"), bounds.get("max_draft"), size, req.gamma, length)))
+        drafter = sorted((k, v) for k, v in req.drafter_options.items() if k != "draft_vocab")
+        key = "|".join(map(str, (req.method, sorted(req.policy_options.items()), drafter, bounds.get("min_draft"),
+                                 bounds.get("max_draft"), size, req.gamma, length)))
         memory = self._cost_memory.setdefault(key, CostMemory())
         # costs given to the Decoder (or a profile's) are taken as they are; measured ones follow the loop's timings
         return CostAwarePolicy(policy, costs, source=cal.source,

@@ -71,8 +71,9 @@ class Calibration:
     notes: list[str] = field(default_factory=list)
 
     def payload(self) -> dict:
+        # prefill_warm: timed after a warm-up (since 2026-12-06), so not checked again by load()
         return {"costs": self.costs.to_dict(), "prefill": self.prefill, "seconds": round(self.seconds, 2),
-                "measured": self.measured, "noisy": self.noisy}
+                "measured": self.measured, "noisy": self.noisy, "prefill_warm": True}
 
     def verdict(self) -> str:
         """Why speculation can or cannot pay on this machine, in one sentence."""
@@ -262,8 +263,10 @@ def load(key: dict) -> tuple[Calibration | None, str]:
                                    [f"target prefill is {cal.prefill}"])
     if bad:  # a file edited by hand with its checksum recomputed, say
         return None, f"calibration cache {cache_path(key)} holds unusable costs ({bad[0]})"
-    if cal.prefill and (why := prefill_doubt(CONTEXT, cal.prefill, cal.costs.target)) is not None:
-        return None, f"calibration cache {cache_path(key)}: {why}"  # timed before the prefill was timed warm
+    if not p.get("prefill_warm") and cal.prefill and \
+            (why := prefill_doubt(CONTEXT, cal.prefill, cal.costs.target)) is not None:
+        # cached before the prefill was timed warm (a prefill measured warm is kept whatever it costs)
+        return None, f"calibration cache {cache_path(key)}: {why}"
     return cal, ""
 
 

@@ -269,9 +269,11 @@ class Profile:
 
 def doubtful_prefills(target_cost: Curves, target_prefill: dict[int, float]) -> dict[int, str]:
     """The prefill points (``{n: why}``) that the same machine's curve at context ``n`` contradicts
-    (:func:`pacer.costs.prefill_doubt`)."""
+    (:func:`pacer.costs.prefill_doubt`); a prompt longer than the longest context measured is not judged."""
     bad = {}
     for n, v in target_prefill.items():
+        if n > max(target_cost, default=0):
+            continue  # no curve at that context: its attention is not bounded by a shorter context's
         if (why := prefill_doubt(n, v, _at_context(target_cost, n))) is not None:
             bad[n] = f"{why}, left out"
     return bad

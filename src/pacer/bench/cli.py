@@ -240,9 +240,14 @@ def _report(out: Path, specs_labels: list[str], meta: dict) -> dict:
 def reprice(run: Path, costs: Path | None, out: Path) -> int:
     """``--reprice RUN --costs FILE --out OUT``: RUN's records with every forward priced again on FILE's clock
     (:func:`pacer.profiles.clock`: the recorded calls and wall times, no models), written with a report to OUT.
-    The rule decided with the costs RUN ran with, which the report says; a profile of another pair or backend is
-    refused, and OUT must not be RUN (its records stay as they were priced)."""
+    Only what RUN priced (on its profile or its own clock) is priced: an anchor on another backend or a method
+    outside pacer's loop stays unpriced. The rule decided with the costs RUN ran with, which the report says. A
+    profile of another pair or backend, an OUT that is RUN or holds anything, or a record that cannot be priced
+    is refused in one line before OUT is written; OUT is built aside and appears whole."""
+    import shutil
+
     from ..decoding.meter import Call
+    from ..io import atomic_write_text, check_out_dir
     from ..profiles import Profile, clock
     from . import records as rec_io
 
@@ -250,37 +255,54 @@ def reprice(run: Path, costs: Path | None, out: Path) -> int:
         raise PacerError("--reprice needs --costs PROFILE.json: the profile to price the run's forwards with")
     if out.resolve() == run.resolve():
         raise PacerError("--reprice writes a new run folder: pass another --out than the run it reprices")
-    if (out / "answers.jsonl").exists():
-        raise PacerError(f"{out} already holds a run; pass an empty --out")
+    check_out_dir(out)
+    if out.exists() and any(out.iterdir()):
+        raise PacerError(f"--out {out} is not empty; --reprice writes a new run folder")
     meta = _read_meta(run)
     if not meta or not (run / "answers.jsonl").exists():
         raise PacerError(f"--reprice: {run} holds no pacer bench run (run.json and answers.jsonl)")
     prof = Profile.load(costs)
-    prof.check_pair(meta.get("backend", ""), {"fingerprint": meta.get("target_fingerprint"),
-                                               "dtype": meta.get("target_weights")}, None)
+    # run.json does not record the draft's vocabulary rows: they are not compared (the dtype and model are)
+    draft = {"fingerprint": meta["draft_fingerprint"], "dtype": meta.get("draft_weights"),
+             "rows": (prof.draft or {}).get("rows")} if meta.get("draft_fingerprint") else None
+    notes = prof.check_pair(meta.get("backend", ""), {"fingerprint": meta.get("target_fingerprint"),
+                                                      "dtype": meta.get("target_weights")}, draft)
     was = meta.get("profile_clock") or {}
     records, _ = rec_io.read_answers(run / "answers.jsonl")
+    priced = 0
     for rec in records:
         c = rec["choices"][0]
-        # only what the run priced: an anchor on another backend, or a method outside pacer's loop, is not
-        if "profile_time" in c and c.get("calls") and all(c["calls"]) and len(c["calls"]) == len(c["wall_time"]):
-            c["profile_time"] = [round(clock(prof, w, [Call.from_list(x) for x in calls]), 6)
-                                 for w, calls in zip(c["wall_time"], c["calls"], strict=True)]
+        if "profile_time" not in c and "own_time" not in c:
+            continue  # not priced by the run: an anchor on another backend, a method outside pacer's loop
+        calls, walls = c.get("calls") or [], c.get("wall_time") or []
+        if len(calls) != len(walls) or not all(calls):
+            raise PacerError(f"--reprice: {run}'s record {rec.get('answer_id')} has no forwards for every turn; "
+                             f"it cannot be priced again")
+        c["profile_time"] = [round(clock(prof, w, [Call.from_list(x) for x in cl]), 6)
+                             for w, cl in zip(walls, calls, strict=True)]
+        priced += 1
     commit = str(meta.get("git_commit") or "?")[:12]
     decided = f"{was['profile']}, as {was.get('file')} held it at the run's commit {commit}" if was else \
         "this machine's own costs"
     meta["profile_clock"] = {"profile": prof.describe(), "file": str(costs), "machine": prof.machine.get("describe"),
-                             "notes": [*prof.notes, f"re-priced from {run} by --reprice: the cost rule decided "
-                                                    f"with {decided}"],
+                             "notes": [*prof.notes, *notes, f"re-priced from {run} by --reprice: the cost rule "
+                                                             f"decided with {decided}"],
                              "c_t1": prof.c1(), "sha256": prof.digest()}
     meta["repriced_from"] = {"run": str(run), "profile_clock": was or None,
                              "git_commit": _git("rev-parse", "HEAD") or "unknown"}
-    out.mkdir(parents=True, exist_ok=True)
-    for rec in records:
-        rec_io.append(out / "answers.jsonl", rec)
-    _write_meta(out, meta)
-    summary = _report(out, meta.get("methods", []), meta)
-    print(f"pacer bench: {len(records)} record(s) of {run} re-priced with {costs}; report in {out} "
+    tmp = out.parent / f".{out.name}.reprice-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        atomic_write_text(tmp / "answers.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+        _write_meta(tmp, meta)
+        summary = _report(tmp, meta.get("methods", []), meta)
+        if out.exists():
+            out.rmdir()  # empty (checked above)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"pacer bench: {priced} of {len(records)} record(s) of {run} re-priced with {costs}; report in {out} "
           f"({len(summary['divergences'])} lossless violations)")
     return 0
 
@@ -350,6 +372,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise PacerError(f"--resume: {out} answers another question set ({len(previous['questions'])} questions; "
                              f"this command asks {len(asked)}, without {lost[0]}); resume with the run's own "
                              f"questions or a superset of them (its command is in run.json) or use another --out")
+    if args.resume and previous.get("repriced_from"):
+        raise PacerError(f"--resume: {out} is a re-priced run (pacer bench --reprice), whose rule decided with "
+                         f"other costs than its profile's; resume the run it came from, "
+                         f"{previous['repriced_from'].get('run')}")
     if args.resume and previous:  # what the methods decide with must not change between segments
         was = (previous.get("profile_clock") or {}).get("file")
         now = str(args.costs) if args.costs else None
