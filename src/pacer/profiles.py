@@ -286,6 +286,12 @@ def clock(profile: Profile, wall: float, calls: Iterable[Call]) -> float:
     return sum(profile.price(c) for c in calls) + (wall - sum(c.seconds for c in calls))
 
 
+def clock_recorded(profile: Profile, wall: float, calls: Iterable[list]) -> float:
+    """:func:`clock` of one recorded turn: its wall time and its forwards as a bench record keeps them
+    (``[role, k, context, tree, seconds, kept]`` lists, :meth:`Call.from_list`)."""
+    return clock(profile, wall, [Call.from_list(x) for x in calls])
+
+
 def pair_of(pair: Pair, rows: torch.Tensor | None = None) -> tuple[str, dict, dict | None]:
     """``(backend, target, draft)`` of a loaded :class:`pacer.pair.Pair` whose draft scores vocabulary ``rows``,
     as :meth:`Profile.check_pair` takes."""

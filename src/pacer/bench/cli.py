@@ -246,9 +246,8 @@ def reprice(run: Path, costs: Path | None, out: Path) -> int:
     is refused in one line before OUT is written; OUT is built aside and appears whole."""
     import shutil
 
-    from ..decoding.meter import Call
     from ..io import atomic_write_text, check_out_dir
-    from ..profiles import Profile, clock
+    from ..profiles import Profile, clock_recorded
     from . import records as rec_io
 
     if costs is None:
@@ -278,8 +277,7 @@ def reprice(run: Path, costs: Path | None, out: Path) -> int:
         if len(calls) != len(walls) or not all(calls):
             raise PacerError(f"--reprice: {run}'s record {rec.get('answer_id')} has no forwards for every turn; "
                              f"it cannot be priced again")
-        c["profile_time"] = [round(clock(prof, w, [Call.from_list(x) for x in cl]), 6)
-                             for w, cl in zip(walls, calls, strict=True)]
+        c["profile_time"] = [round(clock_recorded(prof, w, cl), 6) for w, cl in zip(walls, calls, strict=True)]
         priced += 1
     commit = str(meta.get("git_commit") or "?")[:12]
     decided = f"{was['profile']}, as {was.get('file')} held it at the run's commit {commit}" if was else \

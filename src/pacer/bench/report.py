@@ -324,13 +324,13 @@ def _pricer(meta: dict, records: list[dict] = ()):
     if prof.describe() != pc.get("profile") or pc.get("sha256", prof.digest()) != prof.digest():
         return None
     if "sha256" not in pc:  # a run made before the digest was recorded: the file must price its records as they are
-        from ..profiles import clock
+        from ..profiles import clock_recorded
 
         for r in records:
             c = r["choices"][0]
             for w, calls, t in zip(c.get("wall_time") or [], c.get("calls") or [], c.get("profile_time") or [],
                                    strict=False):
-                if calls and abs(clock(prof, w, [Call.from_list(x) for x in calls]) - t) > 1e-5 + 1e-6 * t:
+                if calls and abs(clock_recorded(prof, w, calls) - t) > 1e-5 + 1e-6 * t:
                     return None
     return lambda x: prof.price(Call.from_list(x))
 
