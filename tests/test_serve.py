@@ -294,3 +294,61 @@ def test_a_request_past_its_timeout_is_ended_with_504(dec):
         assert m["pacer:generation_tokens_total"] < 480  # ended at a round, not run to the end
     finally:
         s.stop()
+
+
+def test_a_request_never_chooses_a_file_or_folder_on_the_server(server, tmp_path, monkeypatch):
+    """Every option that names a file or folder (``pool_file``, the pre-verifier's ``path``) is refused with a 400
+    naming it, whatever the method: nothing is created where a request points, and a file it names is never
+    opened (the pool reader, the pool writer's check and the checkpoint loader are never called)."""
+    import pacer.io
+    import pacer.policies.learned
+    from pacer.drafters.phrase import PhrasePool
+    from pacer.methods import path_options
+
+    assert set(path_options()) == {"pool_file", "path"}
+    touched: list = []
+    monkeypatch.setattr(PhrasePool, "load", lambda self, path, vocab: touched.append(("load", path)) or 0)
+    monkeypatch.setattr(PhrasePool, "save", lambda self, path, vocab: touched.append(("save", path)))
+    monkeypatch.setattr(pacer.io, "check_out_file", lambda path, what="": touched.append(("check", path)))
+    monkeypatch.setattr(pacer.policies.learned, "make_learned_policy", lambda *a, **k: touched.append(("ckpt", a)))
+    pool = tmp_path / "existing-pool.json"
+    pool.write_text("{}")
+    before = server.metrics().get("pacer:spec_decode_draft_length_count", 0)
+    cases = [("ouroboros", "pool_file", str(tmp_path / "new" / "sub" / "pool.json")),
+             ("pacer+ouroboros", "pool_file", str(pool)),
+             ("ouroboros", "pool_file", None),
+             ("sd", "pool_file", str(tmp_path / "other.json")),  # a method that does not even take it
+             ("pacer", "path", str(tmp_path / "ckpt")),
+             ("specdecpp", "path", str(tmp_path))]
+    for method, key, value in cases:
+        for url, body in (("/v1/completions", {"prompt": "hello"}),
+                          ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hello"}]})):
+            for stream in (False, True):
+                r = httpx.post(server.url + url, timeout=60, json={
+                    **body, "max_tokens": 4, "temperature": 0, "stream": stream,
+                    "pacer": {"method": method, key: value, "warm_start": False} if "ouroboros" in method else
+                    {"method": method, key: value}})
+                assert r.status_code == 400, (method, key, r.text)
+                err = r.json()["error"]
+                assert err["param"] == f"pacer.{key}" and f"'pacer.{key}'" in err["message"], err
+    assert touched == []
+    assert not (tmp_path / "new").exists() and not (tmp_path / "other.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["existing-pool.json"]
+    assert pool.read_text() == "{}"
+    assert server.metrics().get("pacer:spec_decode_draft_length_count", 0) == before  # never reached the model
+
+
+def test_an_option_that_names_a_file_must_say_so():
+    """A method whose option looks like a file or folder but is not declared ``path=True`` is refused at
+    registration (a server would otherwise take it from a request)."""
+    from pacer import PacerError
+    from pacer.methods import Method, Option, register, unregister
+    from pacer.methods.rules import fixed
+
+    try:
+        for name in ("log_file", "cache_dir", "out_folder", "weights_path"):
+            with pytest.raises(PacerError, match="path=True"):
+                register(Method("tmp-method", "x", fixed, options=(Option(name, str, "x"),)))
+        register(Method("tmp-method", "x", fixed, options=(Option("cache_dir", str, "x", path=True),)))
+    finally:
+        unregister("tmp-method")

@@ -2,7 +2,20 @@
 order tables and help list them; a new method is one new file and one line here."""
 # isort: skip_file
 
-from .registry import COMMON, DRAFT_VOCAB, Build, Method, Option, all_options, get, names, register, table, unregister
+from .registry import (
+    COMMON,
+    DRAFT_VOCAB,
+    Build,
+    Method,
+    Option,
+    all_options,
+    get,
+    names,
+    path_options,
+    register,
+    table,
+    unregister,
+)
 
 from . import plain  # noqa: F401  ar
 from . import rules  # noqa: F401  sd, heuristic, confidence, entropy
@@ -11,5 +24,5 @@ from . import learned  # noqa: F401  specdecpp, pacer
 from . import phrase  # noqa: F401  ouroboros, pacer+ouroboros
 from . import lookup  # noqa: F401  lookup (no draft model)
 
-__all__ = ["COMMON", "DRAFT_VOCAB", "Build", "Method", "Option", "all_options", "get", "names", "register", "table",
-           "unregister"]
+__all__ = ["COMMON", "DRAFT_VOCAB", "Build", "Method", "Option", "all_options", "get", "names", "path_options",
+           "register", "table", "unregister"]

@@ -7,7 +7,8 @@ from ..policies.base import DraftPolicy
 from .registry import Build, Method, Option, register
 from .rules import THRESHOLD
 
-PATH = Option("path", str, "pacer / specdecpp checkpoint folder (default: the shipped one)", flag="--preverifier")
+PATH = Option("path", str, "pacer / specdecpp checkpoint folder (default: the shipped one)", flag="--preverifier",
+              path=True)
 BLOCK = Option("block", int, "pacer: block size b (default: the checkpoint's)", minimum=1)
 
 

@@ -17,7 +17,8 @@ PHRASE_OPTIONS = (
     Option("key_len", int, "ouroboros / lookup: longest n-gram key (default 2 / 3)", to="drafter", minimum=1),
     Option("sources", str, "ouroboros: phrase sources, a subset of prompt,output,verify,lookahead", to="drafter"),
     Option("warm_start", bool, "ouroboros: share the pool across generations (default true)", to="drafter"),
-    Option("pool_file", str, "ouroboros: load the pool from / save it to this file", to="drafter"),
+    Option("pool_file", str, "ouroboros: load the pool from / save it to this file", to="drafter",
+           path=True),
     Option("phrases", bool, "ouroboros: draft phrase by phrase (false: token by token, candidates only)",
            to="drafter"),
     Option("siblings", int, "ouroboros: most sibling branches per round - the draft's second choice beside a draft "

@@ -16,6 +16,7 @@ one line importing it in ``pacer/methods/__init__.py`` (or a :func:`register` ca
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -44,7 +45,8 @@ class Option:
     """One option of a method. ``to``: ``"policy"`` or ``"drafter"`` (which factory reads it); ``type``: ``int``,
     ``float``, ``bool`` or ``str``; ``minimum`` / ``maximum``: the valid range of a number; ``flag``: the
     command-line flag (default ``--name-with-dashes``); ``explicit``: giving it asks for that literal rule (a
-    threshold, a length), so the cost-aware rule stays off unless asked for."""
+    threshold, a length), so the cost-aware rule stays off unless asked for; ``path``: its value names a file or
+    folder on the machine that runs pacer (read or written there), which a server never takes from a request."""
 
     name: str
     type: type
@@ -54,6 +56,7 @@ class Option:
     maximum: float | None = None
     flag: str = ""
     explicit: bool = False
+    path: bool = False
     #: text -> value where ``type`` cannot say it (``type`` is then ``object``, and ``validate`` checks a value)
     parser: Callable[[str], Any] | None = None
     validate: Callable[[Any], Any] | None = None
@@ -195,6 +198,9 @@ RESERVED_FLAGS = ("--method", "--max-new-tokens", "--temperature", "--top-k", "-
                   "--json", "--target", "--draft", "--dtype", "--threads", "--draft-quant", "--quantize",
                   "--draft-vocab", "--cost-aware", "--plot", "--help")
 
+#: option names that name a file or folder (such an option must be declared ``path=True``)
+PATH_LIKE = re.compile(r"path|file|dir|folder", re.IGNORECASE)
+
 _REGISTRY: dict[str, Method] = {}
 
 
@@ -210,6 +216,9 @@ def register(method: Method, replace: bool = False) -> Method:
         if o.name in names or o.cli_flag in flags or o.to not in ("policy", "drafter"):
             raise PacerError(f"method '{method.name}': option {o.name!r} clashes with a common option or setting "
                              f"({o.cli_flag}) or has no valid target")
+        if PATH_LIKE.search(o.name) and not o.path:
+            raise PacerError(f"method '{method.name}': option {o.name!r} looks like a file or folder: declare it "
+                             f"Option(..., path=True), so that a server never takes it from a request")
         if o.to == "drafter" and method.drafter is None:
             raise PacerError(f"method '{method.name}': drafter option {o.name!r} needs a drafter factory")
         other = next((x for m in _REGISTRY.values() for x in m.options if x.name == o.name), None)
@@ -243,6 +252,11 @@ def all_options() -> list[Option]:
         for o in m.options:
             seen.setdefault(o.name, o)
     return list(seen.values())
+
+
+def path_options() -> tuple[str, ...]:
+    """The names of every registered option whose value is a file or folder (:attr:`Option.path`)."""
+    return tuple(o.name for o in all_options() if o.path)
 
 
 def table() -> str:

@@ -6,7 +6,9 @@ strings, the last from the user), ``max_tokens`` (``max_completion_tokens`` for 
 (OpenAI's default 1.0), ``top_p``, ``top_k``, ``seed`` (absent: a random one), ``stop`` (a string or a list),
 ``stream``, ``stream_options.include_usage``, ``n`` (1 only), and the extension ``pacer``: ``{"method": ...,
 "gamma"/"min_draft"/"max_draft"/"cost_aware": ..., <the method's registered options>}`` (a
-:class:`~pacer.request.MethodRequest`), defaulting to the server's configuration. Every problem is a
+:class:`~pacer.request.MethodRequest`), defaulting to the server's configuration; an option that names a file or
+folder (:func:`pacer.methods.path_options`: ``pool_file``, the pre-verifier's ``path``) is refused: paths on the
+server's disk come from its own configuration only. Every problem is a
 :class:`BadRequest` (HTTP 400, OpenAI's error shape).
 """
 
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 
 from ..api import check_generation
 from ..errors import PacerError
+from ..methods import path_options
 from ..request import SETTINGS, MethodRequest
 from ..sampling import SamplingConfig
 
@@ -142,6 +145,10 @@ def parse_request(body: dict, chat: bool, defaults: Defaults, model: str) -> Req
     if not isinstance(ext, dict):
         raise BadRequest("'pacer' must be an object: {\"method\": ..., options}", param="pacer")
     ext = dict(ext)
+    for name in path_options():  # files and folders on the server's disk are the server's: never a client's
+        if name in ext:
+            raise BadRequest(f"'pacer.{name}' names a file or folder on the server, which a request may not choose "
+                             f"(the server's own configuration sets it); leave it out", param=f"pacer.{name}")
     base = defaults.request
     method = ext.pop("method", base.method)
     if not isinstance(method, str):
