@@ -206,6 +206,12 @@ BAD = {
                         "greedy"),
     "prompt too long": (json.dumps({"prompt": "x" * 600}).encode(), "context"),
     "bad stop": (json.dumps({"prompt": "x", "stop": [""]}).encode(), "'stop'"),
+    "empty stop": (json.dumps({"prompt": "x", "stop": ""}).encode(), "'stop'"),
+    "stop an object": (json.dumps({"prompt": "x", "stop": {"a": 1}}).encode(), "'stop'"),
+    "token id past the vocabulary": (json.dumps({"prompt": [1, 2, 10**6]}).encode(),
+                                     "token id 1000000 is out of range"),
+    "token id the vocabulary's size": (json.dumps({"prompt": [259]}).encode(), "token id 259 is out of range"),
+    "seed past a generator's": (json.dumps({"prompt": "x", "seed": 10**30}).encode(), "seed must be between"),
     "five stop strings": (json.dumps({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}).encode(),
                           "up to 4"),  # OpenAI's limit
 }

@@ -29,11 +29,11 @@ from .decoding import (
 )
 from .decoding.stats import GenerationStats
 from .drafters.token import TokenDrafter
-from .errors import ContextError, PacerError
+from .errors import ContextError, InvalidType, InvalidValue, PacerError
 from .pair import LoadSpec, Pair
 from .policies.base import DraftPolicy
 from .policies.cost_aware import CostAwarePolicy, CostMemory
-from .request import MethodRequest
+from .request import MethodRequest, check_history, check_prompt_ids, check_stop
 from .sampling import SamplingConfig
 
 
@@ -161,9 +161,12 @@ class Decoder:
 
     # ------------------------------------------------------------------------------------------------ inputs
     def encode(self, prompt: str | Sequence[int], chat: bool = False, history: Sequence[dict] = ()) -> list[int]:
-        """Token ids of ``prompt`` (a string, or ids passed through); ``chat`` applies the chat template."""
+        """Token ids of ``prompt`` (a string, or token ids: integers below the models' vocabulary, checked);
+        ``chat`` applies the chat template to a string, after ``history`` (earlier ``{"role", "content"}``
+        messages)."""
         if not isinstance(prompt, str):
-            ids = [int(i) for i in prompt]
+            vocab = min(self.vocab, self.draft_info.vocab_size) if self.draft_info is not None else self.vocab
+            ids = check_prompt_ids(prompt, vocab)
         else:
             if not prompt.strip():
                 raise PacerError("the prompt is empty; pass some text")
@@ -172,7 +175,7 @@ class Decoder:
             if chat:
                 if not getattr(self.tokenizer, "chat_template", None):
                     raise PacerError("a chat prompt needs a chat template, and the target's tokenizer has none")
-                msgs = [*history, {"role": "user", "content": prompt}]
+                msgs = [*check_history(history), {"role": "user", "content": prompt}]
                 ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
                                                          return_dict=False)
                 if isinstance(ids, dict) or hasattr(ids, "input_ids"):
@@ -250,7 +253,7 @@ class Decoder:
         gamma: int | None = None,
         min_draft: int | None = None,
         max_draft: int | None = None,
-        stop: Sequence[str] = (),
+        stop: str | Sequence[str] = (),
         chat: bool = False,
         history: Sequence[dict] = (),
         on_tokens: Callable[[list[int]], None] | None = None,
@@ -268,8 +271,15 @@ class Decoder:
 
         ``policy`` / ``drafter``: use these instead of the method's. ``reference`` (the target's greedy output for
         this prompt) spares a policy that ``needs_reference`` (the oracle) its own plain-decoding run.
+
+        ``stop``: a stop string or a list of them (one string is one stop string; an empty one is refused). Every
+        argument is checked before the models run: a wrong type raises a ``TypeError``, a refused value a
+        ``ValueError`` (both :class:`~pacer.errors.PacerError`, with a one-line message).
         """
-        sampling = sampling or SamplingConfig()
+        sampling = SamplingConfig() if sampling is None else sampling
+        stop = check_stop(stop)
+        if on_tokens is not None and not callable(on_tokens):
+            raise InvalidType(f"on_tokens must be a function of the new token ids, got {on_tokens!r}")
         req = MethodRequest.of(method, gamma=gamma, min_draft=min_draft, max_draft=max_draft,
                                cost_aware=cost_aware, options=options)
         check_generation(req, max_new_tokens, sampling)
@@ -302,7 +312,9 @@ class Decoder:
         text = self.decode(out.ids, stop)
         return GenerationResult(text, list(out.ids), stats, extra)
 
-    def decode(self, ids: Sequence[int], stop: Sequence[str] = ()) -> str:
+    def decode(self, ids: Sequence[int], stop: str | Sequence[str] = ()) -> str:
+        """The text of ``ids``, cut before the first stop string (``stop``: one string or a list)."""
+        stop = check_stop(stop)
         if self.tokenizer is None:
             return ""
         text = self.tokenizer.decode(list(ids), skip_special_tokens=True)
@@ -326,6 +338,10 @@ def generate(prompt: str, method: str | MethodRequest = "sd", target: str = "def
 def check_generation(request: MethodRequest, max_new_tokens: int, sampling: SamplingConfig | None = None) -> None:
     """What a generation adds to its :class:`~pacer.request.MethodRequest` (checked in its constructor): the
     token budget and the sampling settings the method takes (the CLI and the server call it before loading)."""
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
-        raise PacerError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise InvalidType(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if max_new_tokens <= 0:
+        raise InvalidValue(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if sampling is not None and not isinstance(sampling, SamplingConfig):
+        raise InvalidType(f"sampling must be a pacer.SamplingConfig, got {sampling!r}")
     request.check_sampling(sampling)

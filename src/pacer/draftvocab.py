@@ -30,7 +30,7 @@ import torch
 
 from . import backends
 from .cache import Store
-from .errors import PacerError
+from .errors import InvalidValue, PacerError
 
 if TYPE_CHECKING:
     from .pair import Pair
@@ -113,8 +113,8 @@ def parse(text: str, name: str = "draft_vocab") -> int | str:
     except ValueError:
         size = -1
     if size < 0:
-        raise PacerError(f"{name} must be auto or a number of tokens (0: the full vocabulary), got "
-                         f"{text!r}")
+        raise InvalidValue(f"{name} must be auto or a number of tokens (0: the full vocabulary), got "
+                           f"{text!r}")
     return size
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -22,7 +22,7 @@ import torch
 from . import backends, devices, models
 from .decoding import ModelBackend
 from .decoding.meter import DRAFT, TARGET, metered
-from .errors import PacerError
+from .errors import InvalidType, PacerError
 
 END_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>")
 
@@ -95,6 +95,33 @@ class LoadSpec:
     draft_vocab: int | str | Sequence[int] | None = "auto"
     progress: bool = field(default=True, compare=False)
     resolved: bool = field(default=False, compare=False)
+
+    def __post_init__(self) -> None:
+        """Every field of the right type (a path may be a :class:`os.PathLike`, kept as its text), else a one-line
+        :class:`~pacer.errors.InvalidType` (a ``TypeError``); the values are checked by :meth:`resolve`."""
+        for name, optional in (("target", False), ("draft", True)):
+            v = getattr(self, name)
+            if isinstance(v, os.PathLike):
+                object.__setattr__(self, name, v := os.fspath(v))
+            if not (isinstance(v, str) or (optional and v is None)):
+                raise InvalidType(f"{name} must be a model: default-{name}, a Hugging Face model folder or a .gguf "
+                                  f"file (a str or a path){', or None for no draft' if optional else ''}; got {v!r}")
+        for name in ("backend", "dtype", "draft_quant", "quantize"):
+            if not isinstance(v := getattr(self, name), str):
+                raise InvalidType(f"{name} must be a str (auto or a value), got {v!r}")
+        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)):
+            raise InvalidType(f"threads must be an integer >= 1 or None (all cores), got {self.threads!r}")
+        if not (self.device is None or isinstance(self.device, (str, torch.device))):
+            raise InvalidType(f"device must be auto, cpu, cuda, cuda:N or a torch.device, got {self.device!r}")
+        if self.draft_vocab is not None:
+            if isinstance(self.draft_vocab, Mapping):
+                raise InvalidType(f"draft_vocab must be auto, a number of tokens or token ids, got "
+                                  f"{self.draft_vocab!r}")
+            from .methods import DRAFT_VOCAB
+
+            DRAFT_VOCAB.check(self.draft_vocab, "")
+        if not isinstance(self.progress, bool):
+            raise InvalidType(f"progress must be true or false, got {self.progress!r}")
 
     @property
     def specs(self) -> tuple[str | None, ...]:

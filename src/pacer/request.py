@@ -15,12 +15,13 @@ factories (:class:`pacer.methods.Build`) read it. Terms:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import operator
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from . import methods
-from .errors import PacerError
+from .errors import InvalidType, InvalidValue
 
 if TYPE_CHECKING:
     from .sampling import SamplingConfig
@@ -46,15 +47,15 @@ class MethodRequest:
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, str):
-            raise PacerError(f"method must be a method's name, got {self.method!r}")
+            raise InvalidType(f"method must be a method's name, got {self.method!r}")
         record = methods.get(self.method)
         for o in methods.COMMON:
             if (v := getattr(self, o.name)) is not None:
                 o.check(v, self.method)
         if self.min_draft is not None and self.max_draft is not None and self.min_draft > self.max_draft:
-            raise PacerError(f"min_draft ({self.min_draft}) must not exceed max_draft ({self.max_draft})")
+            raise InvalidValue(f"min_draft ({self.min_draft}) must not exceed max_draft ({self.max_draft})")
         if not isinstance(self.options, Mapping):
-            raise PacerError(f"options must be a mapping of option names to values, got {self.options!r}")
+            raise InvalidType(f"options must be a mapping of option names to values, got {self.options!r}")
         policy, drafter = record.split(self.options)
         object.__setattr__(self, "options", {**policy, **drafter})
         object.__setattr__(self, "record", record)
@@ -69,9 +70,12 @@ class MethodRequest:
         given = {k: v for k, v in settings.items() if v is not None}
         if isinstance(method, MethodRequest):
             if given:
-                raise PacerError(f"a MethodRequest is complete: pass {', '.join(given)} in it, not beside it")
+                raise InvalidValue(f"a MethodRequest is complete: pass {', '.join(given)} in it, not beside it")
             return method
-        options = dict(given.pop("options", {}) or {})
+        options = given.pop("options", None) or {}
+        if not isinstance(options, Mapping):
+            raise InvalidType(f"options must be a mapping of option names to values, got {options!r}")
+        options = dict(options)
         options.update({k: given.pop(k) for k in list(given) if k not in SETTINGS})
         return cls(method, options=options, **given)
 
@@ -105,7 +109,7 @@ class MethodRequest:
 
     def check_sampling(self, sampling: SamplingConfig | None) -> None:
         if self.record.greedy_only and sampling is not None and not sampling.greedy:
-            raise PacerError(f"the {self.method} method is defined for greedy decoding only (temperature 0)")
+            raise InvalidValue(f"the {self.method} method is defined for greedy decoding only (temperature 0)")
 
     def with_(self, **changes: Any) -> MethodRequest:
         """A copy with ``changes`` (checked again)."""
@@ -118,3 +122,57 @@ class MethodRequest:
         if self.options:
             out["options"] = dict(self.options)
         return out
+
+
+# ------------------------------------------------------------------------------- what a generation adds
+def check_stop(stop: str | Iterable[str] | None) -> list[str]:
+    """The stop strings of a generation: one string is one stop string (OpenAI's ``stop``; never its characters),
+    else a list of them; ``None`` is none. Each must be a non-empty string (an empty one would match before the
+    first token): :class:`~pacer.errors.InvalidType` / :class:`~pacer.errors.InvalidValue` otherwise."""
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    elif isinstance(stop, (bytes, bytearray, Mapping)) or not isinstance(stop, Iterable):
+        raise InvalidType(f"stop must be a string or a list of strings, got {stop!r}")
+    stop = list(stop)
+    for s in stop:
+        if not isinstance(s, str):
+            raise InvalidType(f"stop must be a string or a list of strings, got {s!r} among them")
+        if not s:
+            raise InvalidValue("stop strings must not be empty (an empty one would stop before the first token); "
+                               "leave it out")
+    return stop
+
+
+def check_prompt_ids(prompt: Iterable[int], vocab: int) -> list[int]:
+    """A prompt given as token ids, each an integer in ``[0, vocab)`` (the models' vocabulary):
+    :class:`~pacer.errors.InvalidType` / :class:`~pacer.errors.InvalidValue` otherwise (never an ``IndexError``
+    from inside a model)."""
+    if isinstance(prompt, (bytes, bytearray, Mapping)) or not isinstance(prompt, Iterable):
+        raise InvalidType(f"the prompt must be a string or a sequence of token ids, got {type(prompt).__name__}")
+    ids = []
+    for i in prompt:
+        try:
+            if isinstance(i, bool):
+                raise TypeError
+            ids.append(operator.index(i))
+        except TypeError:
+            raise InvalidType(f"prompt token ids must be integers, got {i!r}") from None
+    bad = next((i for i in ids if not 0 <= i < vocab), None)
+    if bad is not None:
+        raise InvalidValue(f"prompt token id {bad} is out of range: this model pair's token ids are 0 to {vocab - 1}")
+    return ids
+
+
+def check_history(history: Iterable[Mapping]) -> list[dict]:
+    """Earlier chat turns: a list of ``{"role": str, "content": str}`` (:class:`~pacer.errors.InvalidType`
+    otherwise)."""
+    if isinstance(history, (str, bytes, Mapping)) or not isinstance(history, Iterable):
+        raise InvalidType(f"history must be a list of {{'role', 'content'}} messages, got {history!r}")
+    out = []
+    for m in history:
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise InvalidType(f"each history message needs a string 'role' and a string 'content', got {m!r}")
+        out.append(dict(m))
+    return out

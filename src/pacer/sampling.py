@@ -25,6 +25,7 @@ stream of numbers stays as it was; all of a round's at once on a GPU) and the sa
 from __future__ import annotations
 
 import math
+import numbers
 import threading
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -32,7 +33,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from .errors import PacerError
+from .errors import InvalidType, InvalidValue
 from .native import row_stats_kernel
 
 
@@ -46,12 +47,21 @@ class SamplingConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        for name, kind in (("temperature", numbers.Real), ("top_k", numbers.Integral), ("top_p", numbers.Real),
+                           ("seed", numbers.Integral)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, kind):
+                raise InvalidType(f"{name} must be {'a number' if kind is numbers.Real else 'an integer'}, got {v!r}")
+            if type(v) not in (int, float):  # numpy's numbers, say: as Python's
+                object.__setattr__(self, name, int(v) if kind is numbers.Integral else float(v))
         if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise PacerError(f"temperature must be a finite number >= 0, got {self.temperature}")
+            raise InvalidValue(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_k < 0:
-            raise PacerError(f"top_k must be >= 0, got {self.top_k}")
+            raise InvalidValue(f"top_k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:  # NaN fails this too
-            raise PacerError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise InvalidValue(f"top_p must be in (0, 1], got {self.top_p}")
+        if not -(1 << 63) <= self.seed < 1 << 64:  # what a generator takes
+            raise InvalidValue(f"seed must be between -2**63 and 2**64 - 1, got {self.seed}")
 
     @property
     def greedy(self) -> bool:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import PacerError
+from ..errors import InvalidType, InvalidValue, PacerError
 
 if TYPE_CHECKING:
     import torch
@@ -82,13 +82,13 @@ class Option:
         if self.type is float and isinstance(value, int) and not isinstance(value, bool):
             value, ok = float(value), True
         if not ok:
-            raise PacerError(f"method '{method}': option {self.name} takes {self.type.__name__}, got {value!r}")
+            raise InvalidType(f"method '{method}': option {self.name} takes {self.type.__name__}, got {value!r}")
         if self.type is float and value != value:
-            raise PacerError(f"method '{method}': option {self.name} must be a number, got nan")
+            raise InvalidValue(f"method '{method}': option {self.name} must be a number, got nan")
         if self.minimum is not None and value < self.minimum:
-            raise PacerError(f"method '{method}': option {self.name} must be >= {self.minimum:g}, got {value}")
+            raise InvalidValue(f"method '{method}': option {self.name} must be >= {self.minimum:g}, got {value}")
         if self.maximum is not None and value > self.maximum:
-            raise PacerError(f"method '{method}': option {self.name} must be <= {self.maximum:g}, got {value}")
+            raise InvalidValue(f"method '{method}': option {self.name} must be <= {self.maximum:g}, got {value}")
         return value
 
 
@@ -147,7 +147,7 @@ class Method:
             if o is None:
                 own = ", ".join(o.name for o in self.options) or "none"
                 common = ", ".join(o.name for o in (*COMMON, DRAFT_VOCAB))
-                raise PacerError(f"method '{self.name}' takes no option '{k}' (its own options: {own}"
+                raise InvalidValue(f"method '{self.name}' takes no option '{k}' (its own options: {own}"
                                  + (f"; every drafting method takes {common})" if self.drafts else ")"))
             (policy if o.to == "policy" else drafter)[k] = o.check(v, self.name)
         return policy, drafter
@@ -185,8 +185,8 @@ def _check_vocab(value: Any) -> Any:
             return value
     except (TypeError, ValueError):
         pass
-    raise PacerError(f"draft_vocab must be auto, a number of tokens (0: the full vocabulary) or token ids, got "
-                     f"{value!r}")
+    raise InvalidValue(f"draft_vocab must be auto, a number of tokens (0: the full vocabulary) or token ids, got "
+                       f"{value!r}")
 
 
 DRAFT_VOCAB = Option("draft_vocab", object, "draft from the S most frequent tokens and the prompt's (0: the full "
@@ -238,7 +238,7 @@ def get(name: str) -> Method:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise PacerError(f"unknown method '{name}'; choose one of {', '.join(_REGISTRY)}") from None
+        raise InvalidValue(f"unknown method '{name}'; choose one of {', '.join(_REGISTRY)}") from None
 
 
 def names() -> tuple[str, ...]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from ..api import check_generation
 from ..errors import PacerError
 from ..methods import path_options
-from ..request import SETTINGS, MethodRequest
+from ..request import SETTINGS, MethodRequest, check_stop
 from ..sampling import SamplingConfig
 
 
@@ -132,9 +132,11 @@ def parse_request(body: dict, chat: bool, defaults: Defaults, model: str) -> Req
                                   random.randrange(1 << 31) if seed is None else seed)
     except PacerError as e:
         raise BadRequest(str(e)) from None
-    stop = body.get("stop")
-    stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
+    try:
+        stop = check_stop(body.get("stop"))
+    except PacerError:
+        stop = None
+    if stop is None or len(stop) > 4:
         raise BadRequest("'stop' must be a non-empty string or a list of up to 4 of them", param="stop")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
