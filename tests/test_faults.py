@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -91,3 +92,87 @@ def test_output_path_checks_say_what_is_wrong_and_create_nothing(tmp_path):
         with pytest.raises(PacerError, match="^--x ") as e:
             check(path, "--x")
         assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def no_model_loads(monkeypatch) -> None:
+    """Fail the test if a model is loaded (what the checks below must come before)."""
+    from pacer import models
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+
+
+def one_line(capsys, rc: int) -> str:
+    out, err = capsys.readouterr()
+    assert rc == 2 and err.startswith("pacer: error: ") and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_serve_listen_settings_are_checked_before_the_models_load(capsys, pair, monkeypatch):
+    """A port out of range, one in use and an address that is not this machine's: one line, exit 2, no model
+    loaded (a port past 65535 was a traceback after the models had loaded)."""
+    import socket
+
+    no_model_loads(monkeypatch)
+    base = ["serve", "--target", pair[0], "--draft", pair[1], "--dtype", "float32", "--threads", "1", "--method", "sd"]
+    for port, needle in (("70000", "--port must be between 0 and 65535"), ("-1", "--port must be between 0 and 65535"),
+                         ("65536", "--port must be between")):
+        assert needle in one_line(capsys, main([*base, "--port", port]))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        err = one_line(capsys, main([*base, "--port", port]))
+        assert f"cannot listen on --host 127.0.0.1 --port {port} (Address already in use)" in err
+    for host in ("999.1.1.1", "192.0.2.1"):  # no such address; an address of no interface here (TEST-NET-1)
+        assert f"cannot listen on --host {host}" in one_line(capsys, main([*base, "--host", host, "--port", "0"]))
+
+
+def test_the_files_an_option_names_are_checked_before_the_models_load(tmp_path, capsys, pair, monkeypatch):
+    """A pool file that cannot be written and a pre-verifier folder that is not a checkpoint, given on the command
+    line, in the server's --speculative-config or in a bench spec: one line, exit 2, no model loaded."""
+    no_model_loads(monkeypatch)
+    f = tmp_path / "file"
+    f.write_text("x")
+    models = ["--target", pair[0], "--draft", pair[1], "--dtype", "float32", "--threads", "1"]
+    for method, key, value, needle in (
+            ("ouroboros", "pool_file", "/proc/nope/pool.json", "--pool-file /proc/nope/pool.json cannot be written"),
+            ("ouroboros", "pool_file", str(f / "pool.json"), f"{f} is a file, not a folder"),
+            ("ouroboros", "pool_file", str(tmp_path), "is an existing folder, not a file"),
+            ("pacer", "path", str(tmp_path / "nope"), "is not a pre-verifier checkpoint folder (it does not exist)"),
+            ("pacer", "path", str(f), "(it is not a folder)"),
+            ("specdecpp", "path", str(tmp_path), "(it has no config.json)")):
+        flag = "--pool-file" if key == "pool_file" else "--preverifier"
+        for argv in (["generate", "hi", *models, "--method", method, flag, value],
+                     ["demo", *models, "--method", method, flag, value],
+                     ["serve", *models, "--port", "0", "--speculative-config",
+                      json.dumps({"method": method, key: value})],
+                     ["bench", "--quick", "--out", str(tmp_path / "run"), "--methods", f"ar,{method}:{key}={value}"]):
+            err = one_line(capsys, main(argv))
+            assert needle in err, (argv, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_export_specbench_is_checked_before_anything_is_written(tmp_path, capsys):
+    """An existing file, a place that cannot be written and the run's own folder are refused in one line (exit 2)
+    before anything is read or written; a record that cannot be exported leaves no file written."""
+    out = tmp_path / "run"
+    assert main(["bench", "--quick", "--n", "2", "--max-new-tokens", "4", "--no-progress", "--out", str(out),
+                 "--methods", "ar,sd:gamma=2"]) == 0
+    capsys.readouterr()
+    f = tmp_path / "file"
+    f.write_text("x")
+    before = sorted(p.name for p in out.iterdir())
+    for where, needle in ((f, "is an existing file, not a folder"), (f / "sb", f"{f} is a file, not a folder"),
+                          (Path("/proc/nope/sb"), "cannot be written"), (out, "pass another folder than --out")):
+        err = one_line(capsys, main(["bench", "--out", str(out), "--export-specbench", str(where)]))
+        assert "--export-specbench" in err and needle in err, err
+    assert f.read_text() == "x" and sorted(p.name for p in out.iterdir()) == before
+    from pacer.bench import records as rec_io
+    from pacer.bench.specbench import export
+
+    recs, _ = rec_io.read_answers(out / "answers.jsonl")
+    broken = [*recs, {**recs[-1], "method": "zz"}]
+    del broken[-1]["question_id"]
+    with pytest.raises(KeyError):
+        export(broken, tmp_path / "sb")
+    assert not (tmp_path / "sb").exists()

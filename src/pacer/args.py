@@ -172,6 +172,7 @@ def check_args(args: argparse.Namespace) -> MethodRequest:
     try:
         check_generation(request, args.max_new_tokens, SamplingConfig(args.temperature, args.top_k, args.top_p,
                                                                        args.seed))
+        request.check_files()
     except PacerError as e:
         raise PacerError(as_flags(str(e))) from None
     return request

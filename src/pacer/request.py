@@ -111,6 +111,14 @@ class MethodRequest:
         if self.record.greedy_only and sampling is not None and not sampling.greedy:
             raise InvalidValue(f"the {self.method} method is defined for greedy decoding only (temperature 0)")
 
+    def check_files(self) -> None:
+        """The files and folders its options name (:attr:`~pacer.methods.Option.path`), checked before anything
+        loads by each option's ``preflight`` (a pool file that can be written, a checkpoint folder that is one)."""
+        for name, value in self.options.items():
+            o = self.record.option(name)
+            if o is not None and o.preflight is not None:
+                o.preflight(value)
+
     def with_(self, **changes: Any) -> MethodRequest:
         """A copy with ``changes`` (checked again)."""
         return replace(self, **changes)

@@ -310,9 +310,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     out: Path = args.out
     if args.export_specbench is not None:
+        from ..io import check_out_dir
         from . import records as rec_io
         from .specbench import export
 
+        check_out_dir(args.export_specbench, "--export-specbench")  # before anything is read or written
+        if args.export_specbench.resolve() == out.resolve():
+            raise PacerError("--export-specbench writes Spec-Bench's files beside the run's own: pass another folder "
+                             "than --out")
         if not (out / "answers.jsonl").exists():
             raise PacerError(f"--export-specbench: {out / 'answers.jsonl'} does not exist")
         files = export(rec_io.read_answers(out / "answers.jsonl")[0], args.export_specbench)

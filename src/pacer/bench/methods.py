@@ -109,7 +109,7 @@ def _check(name: str, opts: list[tuple[str, object]], raw: str) -> None:
                 raise PacerError(f"method '{raw}': schedule must be one of {', '.join(HF_SCHEDULES)}")
         return
     try:
-        MethodRequest.of(name, **dict(opts))
+        MethodRequest.of(name, **dict(opts)).check_files()  # a pool file or checkpoint named: before anything loads
     except PacerError as e:  # the request's own check; named by the spec as written where it names no method
         raise PacerError(str(e) if f"method '{name}'" in str(e) else f"method '{raw}': {e}") from None
 

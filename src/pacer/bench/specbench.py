@@ -34,15 +34,16 @@ def file_name(method: str) -> str:
 
 
 def export(records: list[dict], folder: Path) -> list[Path]:
-    """Write ``records`` as Spec-Bench answer files under ``folder`` (atomically); returns the files."""
+    """Write ``records`` as Spec-Bench answer files under ``folder`` (each atomically, and only once every file's
+    lines are made: a record that cannot be exported leaves nothing written); returns the files."""
     repeats = sorted({int(r.get("repeat", 0)) for r in records})
-    out: list[Path] = []
+    texts: dict[Path, str] = {}
     for rep in repeats:
         base = Path(folder) if len(repeats) == 1 else Path(folder) / f"run_{rep + 1}"
         methods = list(dict.fromkeys(r["method"] for r in records if int(r.get("repeat", 0)) == rep))
         for m in methods:
             lines = [specbench_line(r) for r in records if r["method"] == m and int(r.get("repeat", 0)) == rep]
-            path = base / file_name(m)
-            atomic_write_text(path, "".join(json.dumps(x) + "\n" for x in lines))
-            out.append(path)
-    return out
+            texts[base / file_name(m)] = "".join(json.dumps(x) + "\n" for x in lines)
+    for path, text in texts.items():
+        atomic_write_text(path, text)
+    return list(texts)

@@ -7,8 +7,21 @@ from ..policies.base import DraftPolicy
 from .registry import Build, Method, Option, register
 from .rules import THRESHOLD
 
+
+def _checkpoint_folder(value: str) -> None:
+    from pathlib import Path
+
+    from ..errors import PacerError
+
+    p = Path(value).expanduser()
+    if not (p / "config.json").is_file():  # written last by pacer train: the checkpoint is complete
+        what = "does not exist" if not p.exists() else "is not a folder" if not p.is_dir() else "has no config.json"
+        raise PacerError(f"option path {value} is not a pre-verifier checkpoint folder (it {what}); pass a folder "
+                         f"made by `pacer train`")
+
+
 PATH = Option("path", str, "pacer / specdecpp checkpoint folder (default: the shipped one)", flag="--preverifier",
-              path=True)
+              path=True, preflight=_checkpoint_folder)
 BLOCK = Option("block", int, "pacer: block size b (default: the checkpoint's)", minimum=1)
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from ..drafters.phrase import PhraseDrafter
+from ..io import check_out_file
 from .learned import BLOCK, PATH, learned
 from .registry import Build, Method, Option, register
 from .rules import THRESHOLD, fixed
@@ -18,7 +19,7 @@ PHRASE_OPTIONS = (
     Option("sources", str, "ouroboros: phrase sources, a subset of prompt,output,verify,lookahead", to="drafter"),
     Option("warm_start", bool, "ouroboros: share the pool across generations (default true)", to="drafter"),
     Option("pool_file", str, "ouroboros: load the pool from / save it to this file", to="drafter",
-           path=True),
+           path=True, preflight=lambda value: check_out_file(value, "option pool_file")),
     Option("phrases", bool, "ouroboros: draft phrase by phrase (false: token by token, candidates only)",
            to="drafter"),
     Option("siblings", int, "ouroboros: most sibling branches per round - the draft's second choice beside a draft "

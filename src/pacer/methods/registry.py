@@ -60,6 +60,8 @@ class Option:
     #: text -> value where ``type`` cannot say it (``type`` is then ``object``, and ``validate`` checks a value)
     parser: Callable[[str], Any] | None = None
     validate: Callable[[Any], Any] | None = None
+    #: checks the file or folder a ``path`` option's value names, before anything loads (a one-line error)
+    preflight: Callable[[Any], None] | None = None
 
     @property
     def cli_flag(self) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import sys
 
 from ..args import (
@@ -59,14 +60,30 @@ def speculative_config(text: str | None) -> dict:
     return cfg
 
 
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (what uvicorn would bind, done before any model loads): a port outside
+    0-65535, an address that is not this machine's or a port in use is a one-line error."""
+    if not 0 <= port <= 65535:
+        raise PacerError(f"--port must be between 0 and 65535 (0: any free port), got {port}")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except (OSError, OverflowError) as e:
+        sock.close()
+        reason = getattr(e, "strerror", None) or str(e)
+        raise PacerError(f"cannot listen on --host {host} --port {port} ({reason}); pass an address of this machine "
+                         f"(127.0.0.1, 0.0.0.0) and a free port") from None
+    return sock
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from ..api import check_generation
     from ..request import MethodRequest
     from .protocol import Defaults
 
     cfg = speculative_config(args.speculative_config)
-    for name, lo, v in (("--port", 0, args.port), ("--queue-size", 0, args.queue_size), ("--max-tokens", 1,
-                                                                                         args.max_tokens)):
+    for name, lo, v in (("--queue-size", 0, args.queue_size), ("--max-tokens", 1, args.max_tokens)):
         if v < lo:
             raise PacerError(f"{name} must be >= {lo}, got {v}")
     if not args.request_timeout > 0:
@@ -79,16 +96,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
         request = MethodRequest(args.method, **settings, cost_aware=cfg.pop("cost_aware", cost_aware(args)),
                                 options={**method_options(args), **cfg})
         check_generation(request, args.max_tokens)
+        request.check_files()
     except PacerError as e:
         raise PacerError(as_flags(str(e))) from None
     import uvicorn
 
     from .app import build_app
 
+    sock = listen_socket(args.host, args.port)  # before the models load: a taken port is said at once
     dec = load_decoder(args, request)
     defaults = Defaults(request, args.max_tokens)
     name = args.served_model_name or args.target
     app = build_app(dec, defaults, name, args.queue_size, args.request_timeout, args.api_key)
-    print(f"pacer serve: {name} ({request.method}) on http://{args.host}:{args.port}/v1", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=30)
-    return 0
+    port = sock.getsockname()[1]
+    print(f"pacer serve: {name} ({request.method}) on http://{args.host}:{port}/v1", file=sys.stderr)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=port, log_level="warning",
+                                           timeout_graceful_shutdown=30))
+    server.run(sockets=[sock])
+    return 0 if server.started else 1
