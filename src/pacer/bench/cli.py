@@ -46,7 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--questions", type=Path, default=None,
                      help="Spec-Bench / MT-bench question JSONL (question_id, category, turns)")
     src.add_argument("--dataset", default=None,
-                     help="packaged set(s), comma-separated: humaneval, gsm8k, mtbench, sharegpt (held-out split)")
+                     help="packaged set(s), comma-separated: humaneval, gsm8k, mtbench, sharegpt (held-out split), "
+                          "dev (the development set: 48 questions of 8 kinds; use --n 48 for all)")
     p.add_argument("--n", type=int, default=None, help="questions per dataset (default 10; --quick: all 4)")
     p.add_argument("--select", default="stratified", choices=["stratified", "first", "random"],
                    help="question selection (stratified: round-robin over categories in file order)")

