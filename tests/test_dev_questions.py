@@ -8,6 +8,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from pacer.bench import data
 from pacer.bench.cli import load_questions
 
@@ -61,3 +63,36 @@ def test_wiki_lead_keeps_the_lead_as_plain_text():
     assert b.wiki_lead(markup) == "Albedo is the reflecting power of a surface. It ranges from 0 to 1."
     assert b.first_words("One two three. Four five six. Seven.", 4) == "One two three."
     assert b.first_words("A long first sentence here.", 2) == "A long first sentence here."
+
+
+# ------------------------------------------------------------------------------ per-kind tables and targets
+def kind_targets():
+    spec = importlib.util.spec_from_file_location("kind_targets", BUILDER.parent / "kind_targets.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_kind_targets_medians_and_verdicts():
+    from pacer.bench.metrics import summarize
+
+    def rec(method, qid, wall, category):
+        return {"dataset": "dev", "question_id": qid, "category": category, "method": method, "repeat": 0,
+                "lossless": True, "divergence": None,
+                "choices": [{"index": 0, "new_tokens": [10], "wall_time": [wall], "accept_lengths": [[1] * 10],
+                             "draft_lengths": [[0] * 10], "token_ids": [[0] * 10]}]}
+
+    # wall seconds of ar, pacer, pacer+ouroboros; p+o/pacer per question: rag_qa 0.5 and 2.5 (median 1.5),
+    # writing 1.0 and 1.0
+    walls = {("r1", "rag_qa"): (4.0, 1.0, 2.0), ("r2", "rag_qa"): (4.0, 2.0, 0.8),
+             ("w1", "writing"): (4.0, 2.0, 2.0), ("w2", "writing"): (4.0, 2.0, 2.0)}
+    methods = ("ar", "pacer", "pacer+ouroboros")
+    records = [rec(m, q, w, c) for (q, c), ws in walls.items() for m, w in zip(methods, ws, strict=True)]
+    kt = kind_targets()
+    ratio = kt.per_question_ratio(records, "pacer+ouroboros", "pacer", "wall")
+    assert sorted(ratio.values()) == pytest.approx([0.5, 1.0, 1.0, 2.5])
+    md = kt.tables(summarize(records), records)
+    assert "| pacer+ouroboros >= 0.97x pacer, median question of rag_qa (2 q) | 1.50x | met (+55%) |" in md
+    assert "| pacer+ouroboros >= 1.3x pacer on grounded rag_qa, median question | 1.50x | met (+15%) |" in md
+    assert "| pacer+ouroboros >= 1.00x pacer, median question (4 q) | 1.00x | met (+0%) |" in md
+    assert kt.check_at_most(1.10, 1.21) == "**not met** (+10%)" and kt.check(2.3, 2.0) == "**not met** (-13%)"
