@@ -23,7 +23,7 @@ KINDS = ("none", "int8")
 #: rows (tokens) from which a forward converts the int8 weights to the model's dtype and makes one dense product
 #: instead of calling the int8 kernel, whose cost grows with every row. Measured on the default draft (Qwen2.5-Coder
 #: 0.5B, bf16, int8 decoder) from an empty cache on an Intel Xeon (family 6, model 207; AMX; 2 threads), median of 4
-#: (scripts/int8_prompt_read.py, docs/bench/int8-prompt-read-xeon): 1 row 50 ms with the kernel against 95 ms dense,
+#: (experiments/int8_prompt_read.py, docs/bench/int8-prompt-read-xeon): 1 row 50 ms with the kernel against 95 ms dense,
 #: 8 rows 86 / 93, 12 rows 110 / 93, 32 rows 202 / 107, 170 rows 858 / 173, 300 rows 1,494 / 229. 32 leaves the
 #: draft's short forwards (a token, a phrase, a short catch-up) on the kernel and gives a prompt's read (the draft's
 #: catch-up, hundreds of tokens) the dense product.

@@ -8,7 +8,7 @@ layer's per-position scores fed by a stand-in policy (sampled rounds: a verdict 
 seeded), and prices both with the checkpoint's costs (:func:`pacer.preverify.validation.predicted_speedup`).
 The cumulative-probability rule (``Π max q``) is replayed the same way for comparison.
 
-    python scripts/replay_cost_rule.py [CKPT] [--data RUNS]   (default: the shipped transformers checkpoint and
+    python experiments/replay_cost_rule.py [CKPT] [--data RUNS]   (default: the shipped transformers checkpoint and
                                                                  the collection it records)
 """
 

@@ -1,8 +1,8 @@
 """The same pair run in several configurations (backend, dtype), interleaved per prompt, on this machine.
 
-    .venv/bin/python scripts/compare_backends.py --out docs/bench/backends-zen3/report.md [--new-tokens 64]
+    .venv/bin/python experiments/compare_backends.py --out docs/bench/backends-zen3/report.md [--new-tokens 64]
         (llama.cpp's plain decoding over PyTorch bf16's: the first configuration is the baseline)
-    .venv/bin/python scripts/compare_backends.py --configs transformers:bfloat16,transformers:float32 \\
+    .venv/bin/python experiments/compare_backends.py --configs transformers:bfloat16,transformers:float32 \\
         --methods ar,pacer --draft default-draft --out docs/bench/dtype-zen3/report.md
 
 A configuration is ``BACKEND[:DTYPE]`` (``llamacpp``, ``transformers:bfloat16``, ``transformers:float32``, ...);

@@ -5,7 +5,7 @@ does) and times one forward over ``n`` new tokens from an empty cache with the i
 and with the dense product for every row count, interleaved, repetitions after a warm-up, medians. Writes a
 markdown report (command, commit, CPU) to ``--out``.
 
-    .venv/bin/python scripts/int8_prompt_read.py --out docs/bench/int8-prompt-read-xeon/report.md
+    .venv/bin/python experiments/int8_prompt_read.py --out docs/bench/int8-prompt-read-xeon/report.md
 """
 
 from __future__ import annotations

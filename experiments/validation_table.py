@@ -1,7 +1,8 @@
 """Markdown tables of a checkpoint's validation report (``pacer train``): predicted speedups of the layer, the rules,
-the features-only model, the best fixed γ and the oracle on the same held-out rounds, per cost profile and per group.
+the features-only model, the best fixed γ and the oracle on the same held-out rounds, per cost profile and per group
+(a rule the report does not hold - ``cumprob`` in checkpoints trained before it existed - is shown as ``-``).
 
-    python scripts/validation_table.py CKPT [CKPT ...]
+    python experiments/validation_table.py CKPT [CKPT ...]
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ import json
 import sys
 from pathlib import Path
 
-COLS = ("layer", "layer-per-token", "entropy", "confidence", "features-only", "fixed", "oracle")
+COLS = ("layer", "layer-per-token", "cumprob", "entropy", "confidence", "features-only", "fixed", "oracle")
+RATIOS = ("vs_cumprob", "vs_entropy")
 
 
 def row(name: str, c: dict) -> str:
     cells = [f"{c[k]['predicted_speedup']:.3f}" if k in c else "-" for k in COLS]
-    return f"| {name} | " + " | ".join(cells) + f" | {c.get('vs_entropy', float('nan')):.3f} |"
+    cells += [f"{c[k]:.3f}" if k in c else "-" for k in RATIOS]
+    return f"| {name} | " + " | ".join(cells) + " |"
 
 
 def table(path: Path) -> str:
@@ -24,8 +27,8 @@ def table(path: Path) -> str:
     out = [f"### {path.name}: {cfg['kind']}, b={cfg['block']}, {cfg['train']['rounds_train']} training / "
            f"{cfg['train']['rounds_val']} validation rounds, {cfg['train']['prompts']} prompts",
            "", f"block AUC {v['auc']}, ECE {v.get('ece')}, survival AUC {v.get('survival_auc')}", "",
-           "| profile / group | " + " | ".join(COLS) + " | layer / entropy |",
-           "|---" * (len(COLS) + 2) + "|"]
+           "| profile / group | " + " | ".join(COLS) + " | layer / cumprob | layer / entropy |",
+           "|---" * (len(COLS) + 3) + "|"]
     for name, c in v.get("compare", {}).items():
         out.append(row(name, c))
     for g, d in v.get("groups", {}).items():

@@ -3,7 +3,7 @@ directions (fitted on the training rounds, each scaled to unit variance), agains
 split, seed, recipe (b = 1, per-token loss weight 10) and costs of ``docs/bench/th-checkpoint``; ``k = 0``: without
 it. Prints ``k``, the predicted speedup on the validation rounds and the block AUC.
 
-Usage: python scripts/target_hidden_pca.py 0 4 16 64   (needs runs/tf-th-a,runs/tf-th-b: pacer collect
+Usage: python experiments/target_hidden_pca.py 0 4 16 64   (needs runs/tf-th-a,runs/tf-th-b: pacer collect
 --target-hidden, see docs/pacer.md)
 """
 

@@ -25,7 +25,7 @@ forwards over ``k > 1`` tokens (phrase checks, short catch-ups), priced ``c_d(1)
 ``c_d(k) / c_d(1)`` at the same context: a profile without a measured draft curve (the Zen 4 one) prices them at
 ``c_d(1) + (k - 1)`` x the draft's prefill rate, and this shows how much a method's figure depends on that.
 
-    python scripts/phrase_ceiling.py RUN [RUN ...] [--method pacer] [--siblings 0.034] [--profile P.json]
+    python experiments/phrase_ceiling.py RUN [RUN ...] [--method pacer] [--siblings 0.034] [--profile P.json]
                                      [--draft-shape OTHER.json]
 """
 

@@ -1,6 +1,6 @@
 """Train the PACER variants on one collection and write the ablation table (docs/pacer-ablation.md).
 
-Usage: .venv/bin/python scripts/preverify_ablation.py --data runs/collect --costs runs/costs.json \
+Usage: .venv/bin/python experiments/preverify_ablation.py --data runs/collect --costs runs/costs.json \
            --out docs/pacer-ablation.md [--epochs 30] [--ckpts runs/ablation]
 Every variant: same data, same seeded prompt split, same epochs; the threshold of each is chosen by the cost model.
 Predicted speedups come from the validation rounds (held-out ShareGPT prompts) and the measured costs.
