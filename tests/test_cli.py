@@ -105,6 +105,8 @@ def test_demo_on_tiny_pair(capsys, pair):
     assert rc == 0, err
     assert out.count("=> speedup") == 3 and out.count("identical to plain decoding") == 3
     assert "outputs identical: 3/3" in out
+    assert sum(line.startswith("=> regime: verification ") and " on transformers float32 " in line
+               for line in out.splitlines()) == 1  # this machine's regime for the backend measured
 
 
 def alter_sd_outputs(monkeypatch, near_tie: bool) -> None:
@@ -312,8 +314,14 @@ def test_calibrate_prints_the_curve_and_plots_it(capsys, pair, tmp_path, monkeyp
     assert {int(r[0]) for r in rows} >= {1, 2, 4, 8, 16}
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list((tmp_path / "home" / "calibration").glob("*.json"))  # cached
+    assert "\n=> regime: verification " in out
     rc, out, err = run(capsys, pair, "calibrate", "--json")
     assert rc == 0 and json.loads(out)["source"] == "measured"  # calibrate always measures afresh
+    from pacer.calibration import regime
+    from pacer.costs import Costs
+
+    doc = json.loads(out)  # the regime, from the curve just measured
+    assert doc["regime"] == regime(Costs.from_dict(doc["costs"]), "transformers", doc["key"]["target_dtype"])
     rc, out, err = run(capsys, pair, "calibrate", "--plot", str(tmp_path / "curve.jpg"))
     assert rc == 2 and "--plot" in err
     rc, out, err = run(capsys, pair, "calibrate", "--plot", "/proc/nope/x.png")  # refused before measuring

@@ -667,3 +667,71 @@ def test_cpu_identity_reports_the_isa_flags_of_this_cpu():
     if not want:
         pytest.skip("this CPU has none of the ISA flags pacer keys on")
     assert machine.cpu_identity()["flags"] == want
+
+
+# --------------------------------------------------------------------------------------------- the regime line
+def fixed(costs: Costs, alpha: float, n: int) -> float:
+    """The speedup of drafting ``n`` tokens a round at a constant per-token acceptance ``alpha``."""
+    return sum(alpha**i for i in range(n + 1)) / (n * costs.draft + costs.target_cost(n + 1)) * costs.target_cost(1)
+
+
+def best_fixed(costs: Costs, alpha: float, max_draft: int = 16) -> tuple[int, float]:
+    """The best constant draft length at a constant per-token acceptance, by brute force over every length."""
+    n = max(range(max_draft + 1), key=lambda n: fixed(costs, alpha, n))
+    return n, fixed(costs, alpha, n)
+
+
+@pytest.mark.parametrize("costs", [FLAT, LINEAR, Costs(0.3, {1: 1.0, 2: 1.2, 4: 1.6, 8: 2.4})],
+                         ids=["flat", "linear", "growing"])
+@pytest.mark.parametrize("alpha", [0.5, 0.75, 0.9])
+def test_the_rules_prediction_is_the_best_length_at_a_constant_acceptance(costs, alpha):
+    """Token by token, the rule stops where the best constant length does (a geometric acceptance has one peak)."""
+    from pacer.policies.cost_aware import predicted_round
+
+    n, speedup = predicted_round(costs, alpha)
+    assert speedup == pytest.approx(best_fixed(costs, alpha)[1]) == pytest.approx(fixed(costs, alpha, n))
+
+
+def test_the_prediction_on_flat_and_steep_curves():
+    from pacer.policies.cost_aware import predicted_round
+
+    assert predicted_round(LINEAR) == (0, 1.0)  # every round a plain decoding step
+    n, speedup = predicted_round(FLAT)
+    assert n >= 4 and speedup > 2.0
+
+
+def test_the_typical_acceptance_is_the_default_pairs():
+    """The shipped layer's validation report: a constant acceptance of ``TYPICAL_ACCEPTANCE`` gives what its best
+    fixed draft length yields a round on its held-out rounds."""
+    from pacer.policies.cost_aware import TYPICAL_ACCEPTANCE
+    from pacer.policies.learned import default_checkpoint
+
+    cfg = json.loads((default_checkpoint("pacer") / "config.json").read_text())
+    costs, v = Costs.from_dict(cfg["costs"]), cfg["validation"]
+    g = v["best_fixed_gamma"]
+    tokens = v["best_fixed_predicted_speedup"] * (g * costs.draft + costs.target_cost(g + 1)) / costs.target_cost(1)
+    assert sum(TYPICAL_ACCEPTANCE**i for i in range(g + 1)) == pytest.approx(tokens, rel=0.01)
+
+
+def test_the_regime_line_says_what_to_expect_from_the_measured_curve():
+    from pacer.policies.cost_aware import TYPICAL_ACCEPTANCE
+
+    flat = cal_mod.regime(FLAT, "transformers", "bfloat16")
+    n, speedup = best_fixed(FLAT, TYPICAL_ACCEPTANCE)
+    assert flat.startswith("regime: verification nearly free on transformers bfloat16 (c_t(8) = 1.03 c_t(1))")
+    assert f"drafting pays - expect about {speedup:.1f}x over plain decoding" in flat and f"{n} draft tokens" in flat
+    assert "plainly" not in flat and "llama.cpp" not in flat
+
+    steep = cal_mod.regime(LINEAR, "transformers", "bfloat16")
+    assert steep.startswith("regime: verification not free on transformers bfloat16 (c_t(8) = 6.77 c_t(1))")
+    assert "pacer decodes plainly here - expect about 1.0x" in steep and "pays" not in steep
+    assert steep.endswith("llamacpp's plain decoding (--backend llamacpp) is your fastest path")
+    on_llama = cal_mod.regime(LINEAR, "llamacpp", "Q4_K_M")
+    assert "decodes plainly" in on_llama and "--backend llamacpp" not in on_llama
+
+    # nearly flat, but the draft as dear as the target: the prediction, not the curve alone, decides
+    dear = cal_mod.regime(Costs(draft=0.9, target={1: 1.0, 8: 1.1}), "transformers", "bfloat16")
+    assert "verification nearly free" in dear and "decodes plainly" in dear and "a draft token costs 0.90" in dear
+    # growing, yet short drafts pay
+    grows = cal_mod.regime(Costs(0.3, {1: 1.0, 2: 1.2, 4: 1.6, 8: 2.4}), "transformers", "bfloat16")
+    assert "verification not free" in grows and "short drafts pay" in grows and "1 draft token a round" in grows

@@ -345,3 +345,37 @@ def plot(cal: Calibration, path: str | Path, title: str = "") -> None:
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     atomic_write_bytes(Path(path), buf.getvalue())
+
+
+# ---------------------------------------------------------------------------------------------- the regime
+#: ``c_t(8) / c_t(1)`` up to which verifying a block counts as nearly free
+FREE_GROWTH = 1.5
+#: the predicted speedup from which drafting is said to pay (below it, expect plain decoding's speed)
+PAYS = 1.1
+
+
+def regime(costs: Costs, backend: str, weights: str = "") -> str:
+    """One line: which regime this machine is in for ``backend`` (its ``weights``, as measured) and what to expect
+    of pacer there: the cost rule's own prediction (:func:`pacer.policies.cost_aware.predicted_round`) at a typical
+    acceptance, from the measured curve. Where drafting does not pay, the backend's anchor (its record's: the
+    backend whose plain decoding of the same model file is the user's fastest plain path) is named."""
+    from . import backends
+    from .policies.cost_aware import TYPICAL_ACCEPTANCE, predicted_round
+
+    runs = f"{backend} {weights}".strip()
+    g = costs.verification_growth(8)
+    n, speedup = predicted_round(costs, TYPICAL_ACCEPTANCE)
+    curve = f"c_t(8) = {g:.2f} c_t(1)"
+    at = f"at a typical per-token acceptance of {TYPICAL_ACCEPTANCE:.2f}"
+    if speedup >= PAYS:
+        what = (f"verification nearly free on {runs} ({curve})" if g <= FREE_GROWTH else
+                f"verification not free on {runs} ({curve}) but short drafts pay")
+        return (f"regime: {what}: drafting pays - expect about {speedup:.1f}x over plain decoding (the cost "
+                f"rule's prediction: {n} draft token{'s' if n > 1 else ''} a round {at})")
+    why = (f"verification not free on {runs} ({curve})" if g > FREE_GROWTH else
+           f"verification nearly free on {runs} ({curve}) but a draft token costs "
+           f"{costs.draft / costs.target_cost(1):.2f} of a target forward")
+    anchor = backends.get(backend).anchor
+    return (f"regime: {why}: pacer decodes plainly here - expect about 1.0x (the cost rule's prediction {at}: "
+            f"{speedup:.2f}x)" + (f"; {anchor}'s plain decoding (--backend {anchor}) is your fastest path"
+                                  if anchor else ""))

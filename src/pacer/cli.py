@@ -132,9 +132,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
         print(f"dtype: {dec.target_info.dtype_name} (--dtype auto: {choose_dtype(dec.device)[1]})")
     dec.generate("Hello", "ar", max_new_tokens=2)  # warm-up
+    from .calibration import regime
+
     cal = dec.calibration(dec.draft_rows(dec.draft_vocab))
     print(f"measured costs ({cal.source}): {cal.costs.curve()}")
     print(f"=> {cal.verdict()}")
+    print(f"=> {regime(cal.costs, dec.target_info.backend, dec.target_info.weights)}")
     if note := cal.costs.slow_one_row_note():
         print(f"note: {note}")
     anchor = None
@@ -196,7 +199,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    """Re-measure this machine's forward costs for a pair, cache them, print the curve (and plot it); with
+    """Re-measure this machine's forward costs for a pair, cache them, print the curve (and plot it) and the regime
+    it puts this machine in (:func:`pacer.calibration.regime`: whether drafting pays, and what to expect); with
     ``--export FILE`` also measure and write this machine's cost profile (:mod:`pacer.profiles`)."""
     from .io import check_out_file
     from .machine import describe_cpu
@@ -206,11 +210,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     for flag, path in (("--plot", args.plot), ("--export", args.export)):
         if path:
             check_out_file(path, flag)
+    from .calibration import regime
+
     contexts = _contexts(args.contexts)
     dec = load_decoder(args)
     cal = dec.calibration(dec.draft_rows(dec.draft_vocab), refresh=True)
     if args.json:
-        print(json.dumps(cal.to_dict(), indent=2))
+        print(json.dumps({**cal.to_dict(), "regime": regime(cal.costs, dec.target_info.backend,
+                                                              dec.target_info.weights)}, indent=2))
     else:
         c = cal.costs
         print(f"machine: {describe_cpu()}; {dec.threads} threads; torch {cal.key.get('torch')}")
@@ -226,6 +233,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
               f"target prefill: {cal.prefill * 1e3:.2f} ms per prompt token; measured in {cal.seconds:.1f}s"
               f"{' (NOISY: not cached)' if cal.noisy else ''}")
         print(f"=> {cal.verdict()}")
+        print(f"=> {regime(c, dec.target_info.backend, dec.target_info.weights)}")
     if args.plot:
         from .calibration import plot
 
@@ -277,7 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_decoding_args(d)
     d.set_defaults(func=cmd_demo, max_new_tokens=96, method="auto")
     c = sub.add_parser("calibrate", help="measure this machine's forward costs (target vs k scored tokens, draft "
-                                         "token, prefill), cache and print them")
+                                         "token, prefill), cache and print them, with this machine's regime: "
+                                         "whether drafting pays here and the speedup to expect")
     add_model_args(c)
     c.add_argument("--plot", default=None, metavar="FILE.png", help="also plot the cost curve")
     c.add_argument("--json", action="store_true", help="print the calibration as JSON")
