@@ -30,12 +30,31 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from .errors import PacerError
 from .io import atomic_write_text
 
 
 def pacer_home() -> Path:
     """The cache folder: ``$PACER_HOME`` or ``~/.cache/pacer``."""
     return Path(os.environ.get("PACER_HOME") or Path.home() / ".cache" / "pacer")
+
+
+def write_problem(path: Path, e: OSError) -> str:
+    """Why ``path`` (under the home) cannot be written, in a few words: the nearest existing folder above it is a
+    file, or the system's reason (a read-only file system, no permission, no space)."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if p.exists() and not p.is_dir():
+        return f"{p} is a file, not a folder"
+    return e.strerror or str(e)
+
+
+def unwritable(path: Path, e: OSError, what: str) -> PacerError:
+    """The one-line error of a write to ``$PACER_HOME`` that is needed (``what``: what it is, e.g. "the converted
+    model") and failed: what to do."""
+    return PacerError(f"cannot write {what} under {path.parent} ({write_problem(path, e)}); pacer keeps it in "
+                      f"$PACER_HOME ({pacer_home()}): set PACER_HOME to a folder you can write")
 
 
 # ---------------------------------------------------------------------------------------------------- hashing
@@ -116,6 +135,17 @@ class Store:
         doc = {"format": self.format, "key": key, "payload": payload, "sha256": checksum(payload)}
         atomic_write_text(path, json.dumps(doc, indent=1) + "\n")
         return path
+
+    def keep(self, key: dict, payload: dict, again: str = "measured again") -> str:
+        """:meth:`put` where the entry only saves time: ``""`` when it is cached, else a note saying that it is
+        not, why, and what to do (``again``: what happens next time without it); nothing is raised."""
+        try:
+            self.put(key, payload)
+        except OSError as e:
+            path = self.path(key)
+            return (f"the {self.what} cannot be written to {path.parent} ({write_problem(path, e)}): it is "
+                    f"{again} next run; set PACER_HOME to a folder you can write to keep it")
+        return ""
 
 
 def _path_name(key: dict) -> str:
@@ -349,22 +379,31 @@ def sweep_stale(home: Path | None = None) -> int:
     import fcntl
 
     home = (home or pacer_home()).resolve()
-    home.mkdir(parents=True, exist_ok=True)
     if home not in _HOME_LOCKS:
-        _HOME_LOCKS[home] = open(home / ".lock", "a+")  # noqa: SIM115 - held (shared) for the process's life
+        try:
+            home.mkdir(parents=True, exist_ok=True)
+            _HOME_LOCKS[home] = open(home / ".lock", "a+")  # noqa: SIM115 - held (shared) for the process's life
+        except OSError:
+            return 0  # a home that cannot be written (read-only, a file): this process writes no temporaries there
     f = _HOME_LOCKS[home]
     removed = 0
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        pass  # another pacer process is running: its temporaries may be live
-    else:
+    except OSError:  # another pacer process is running (it holds its shared lock): its temporaries may be live
+        fcntl.flock(f.fileno(), fcntl.LOCK_SH)  # (a failed conversion may have dropped this process's own)
+        return 0
+    try:
         for p in sorted(home.rglob(".*.tmp"), key=lambda p: -len(p.parts)):
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                p.unlink(missing_ok=True)
-            removed += 1
+            try:
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p)
+                else:
+                    p.unlink(missing_ok=True)
+                removed += 1
+            except OSError:
+                pass  # a place that cannot be written: left as it is
+    except OSError:
+        pass  # a folder that cannot be listed
     finally:
         fcntl.flock(f.fileno(), fcntl.LOCK_SH)
     return removed

@@ -150,7 +150,8 @@ def choose_draft_quant(draft, reps: int = 5) -> str:
             _timed(cm, ctx[:1], len(ctx))
             times[kind] = statistics.median(_timed(cm, ctx[:1], len(ctx)) for _ in range(reps))
     choice = "int8" if times["int8"] < 0.9 * times["none"] else "none"
-    STORE.put(key, {"choice": choice, "seconds": {k: round(v, 5) for k, v in times.items()}})
+    if note := STORE.keep(key, {"choice": choice, "seconds": {k: round(v, 5) for k, v in times.items()}}):
+        print(f"pacer: note: {note}", file=sys.stderr)
     return choice
 
 
@@ -270,8 +271,9 @@ def load(key: dict) -> tuple[Calibration | None, str]:
     return cal, ""
 
 
-def save(cal: Calibration) -> Path:
-    return STORE.put(cal.key, cal.payload())
+def save(cal: Calibration) -> str:
+    """Cache ``cal``: ``""``, or a note saying why it could not be (a home that cannot be written)."""
+    return STORE.keep(cal.key, cal.payload())
 
 
 def _stderr_progress(msg: str) -> None:
@@ -310,7 +312,8 @@ def load_or_measure(pair, rows: torch.Tensor | None, max_draft: int = 16, refres
                          f"{cal.costs.curve()}\n")
     cal.key = key
     cal.notes = notes + cal.notes
-    save(cal)
+    if note := save(cal):
+        cal.notes.append(note)
     return cal
 
 

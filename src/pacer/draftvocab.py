@@ -21,6 +21,7 @@ The list is computed once per (draft model, size) and cached under ``$PACER_HOME
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -147,7 +148,8 @@ def load_or_build(pair: Pair, size: int, home: Path | None = None,
     if isinstance(ids, list) and len(ids) == size and all(isinstance(i, int) and 0 <= i < vocab for i in ids):
         return torch.tensor(ids, dtype=torch.long, device="cpu")
     rows = _count(pair, size, vocab, sharegpt_texts())  # missing or damaged: count again and overwrite
-    store.put(key, {"ids": rows.tolist()})
+    if note := store.keep(key, {"ids": rows.tolist()}, again="counted again"):
+        print(f"pacer: note: {note}", file=sys.stderr)
     return rows
 
 

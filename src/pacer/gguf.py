@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from .cache import BlockHasher, FileRecord, Manifest, file_sha256, pacer_home, stamp, write_folder
+from .cache import BlockHasher, FileRecord, Manifest, file_sha256, pacer_home, stamp, unwritable, write_folder
 from .errors import PacerError
 
 
@@ -109,8 +109,11 @@ def assemble_gguf(spec: GgufSpec, home: Path | None = None, progress: bool = Tru
               f"again", file=sys.stderr)
     files = _chunk_files(spec)
     total = sum(f.stat().st_size for f in files)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    except OSError as e:
+        raise unwritable(out, e, f"the assembled {spec.role} GGUF") from None
     h = BlockHasher()
     try:
         with os.fdopen(fd, "wb") as dst, tqdm(
@@ -210,7 +213,11 @@ def cached_conversion(gguf: Callable[[], Path], cache_dir: Path, dtype: torch.dt
             return
         print(f"pacer: note: the cached model {cache_dir} cannot be trusted ({problem}); converting it again",
               file=sys.stderr)
-    _convert_gguf(gguf(), cache_dir, dtype)
+    source = gguf()
+    try:
+        _convert_gguf(source, cache_dir, dtype)
+    except OSError as e:  # reading the GGUF fails as a PacerError: this is the cache folder's write
+        raise unwritable(cache_dir, e, f"the converted model {cache_dir.name}") from None
 
 
 def gguf_file(spec: str, home: Path, progress: bool) -> tuple[Path, str]:

@@ -116,7 +116,8 @@ def choose_dtype(device: torch.device | str = "cpu", reps: int = 5, progress: bo
             print("pacer: timing bfloat16 and float32 matrix kernels on this CPU for --dtype auto (once, seconds)",
                   file=sys.stderr)
         cost = {name: dtype_cost(*linear_times(name, reps)) for name in CPU_DTYPES}
-        STORE.put(key, {"cost": {k: round(v, 6) for k, v in cost.items()}})
+        if note := STORE.keep(key, {"cost": {k: round(v, 6) for k, v in cost.items()}}):
+            print(f"pacer: note: {note}", file=sys.stderr)
     choice = "float32" if cost["float32"] <= DTYPE_MARGIN * cost["bfloat16"] else "bfloat16"
     return choice, _dtype_reason(cost)
 
