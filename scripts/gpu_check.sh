@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check (issue 17): every method on CUDA, and what speculative decoding costs and gains there.
+# The GPU check: every method on CUDA, and what speculative decoding costs and gains there.
 # Usage: OUT=DIR bash scripts/gpu_check.sh        (OUT defaults to ./gpu_check_out; under 8 minutes on one GPU)
 # Needs no network and no weights (tiny models and random-weight Qwen2.5 shapes are built in code), only a Python with
 # torch (CUDA), transformers, tokenizers, safetensors, numpy, scipy and pytest: $PYTHON, else .venv/bin/python, else
@@ -9,8 +9,9 @@
 #   1. pytest on CUDA: tests/test_device.py's CUDA cases and refusals (every method greedy-exact on CUDA, the sampling
 #      distribution test on CUDA, tensors on the backend's device; its CPU cases are left to the CPU runs) and
 #      tests/test_exactness.py (device auto: CUDA here);
-#   2. python -m pacer.gpu_check: target forward cost vs k, draft token cost and loop overhead per round for bf16
-#      random-weight Qwen2.5-0.5B/1.5B/7B shapes, and a speedup simulation (fixed γ, cost-aware rule, oracle).
+#   2. python scripts/gpu_check.py: target forward cost vs k, draft token cost and loop overhead per round for bf16
+#      random-weight Qwen2.5-0.5B/1.5B/7B shapes, and the speedups the decoding loop reaches with those costs on
+#      acceptance traces (fixed γ, cost-aware rule, oracle; the real loop, its forwards priced).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-./gpu_check_out}"
@@ -61,14 +62,14 @@ skipped=$(grep -E '^SKIPPED' "$OUT/pytest.log" | head -10)
 [ -n "$skipped" ] && { echo; echo '```'; echo "$skipped"; echo '```'; } >> "$REPORT"
 echo >> "$REPORT"
 
-# 2. costs, loop overhead and the speedup simulation
-timeout 180 "$PY" -m pacer.gpu_check "${sweep[@]}" --out "$OUT" > "$OUT/gpu_check.log" 2>&1
+# 2. costs, loop overhead and the speedups on acceptance traces
+timeout 180 "$PY" scripts/gpu_check.py "${sweep[@]}" --out "$OUT" > "$OUT/gpu_check.log" 2>&1
 rc=$?
 if [ $rc = 0 ] && [ -f "$OUT/gpu_check_costs.md" ]; then
   cat "$OUT/gpu_check_costs.md" >> "$REPORT"
 else
   status=1
-  { echo "## Costs"; echo; echo "\`python -m pacer.gpu_check ${sweep[*]}\` failed (exit $rc$([ $rc = 124 ] && \
+  { echo "## Costs"; echo; echo "\`python scripts/gpu_check.py ${sweep[*]}\` failed (exit $rc$([ $rc = 124 ] && \
       echo ', timed out after 180 s')):"; echo; echo '```'; tail -25 "$OUT/gpu_check.log"; echo '```'; } >> "$REPORT"
 fi
 

@@ -247,10 +247,10 @@ def test_methods_hold_records_only():
 
 # ----------------------------------------------------------------------------------- backends and the Decoder
 #: the layers above the API: they load a :class:`pacer.Decoder` and drive it (the command line, the server, the
-#: benchmark, the collection and training jobs, the vLLM integration, the GPU check); every other module works on
+#: benchmark, the collection and training jobs, the vLLM integration); every other module works on
 #: a :class:`pacer.pair.Pair` and never refers to the ``Decoder``
-ABOVE_API = ("pacer", "pacer.__main__", "pacer.api", "pacer.args", "pacer.cli", "pacer.gpu_check", "pacer.bench",
-             "pacer.serve", "pacer.integrations", "pacer.preverify.cli", "pacer.preverify.collect")
+ABOVE_API = ("pacer", "pacer.__main__", "pacer.api", "pacer.args", "pacer.cli", "pacer.bench", "pacer.serve",
+             "pacer.integrations", "pacer.preverify.cli", "pacer.preverify.collect")
 #: where backend names may be compared: the backend records themselves
 RECORDS = "pacer.backends"
 

@@ -1,7 +1,7 @@
 """Devices (issue 17): ``--device`` / ``Decoder(device=)``: how ``auto`` resolves and what is refused before any model
 loads; every method makes what its models read on their device (checked on any machine with a fake default device);
 every method greedy-exact and the sampling rule exact on CUDA where there is one (the ``cuda`` cases skip elsewhere);
-and the GPU check's Python side (``python -m pacer.gpu_check --device cpu --quick``)."""
+and the GPU check's Python side (``python scripts/gpu_check.py --device cpu --quick``)."""
 
 from __future__ import annotations
 
@@ -266,11 +266,25 @@ def test_calibration_times_forwards_on_the_device(decoders, device):
 
 
 # ----------------------------------------------------------------------------------------------- the GPU check
-def test_gpu_check_runs_quick_on_the_cpu(tmp_path):
-    """``python -m pacer.gpu_check --device cpu --quick``: every section of the report, finite numbers."""
-    from pacer.gpu_check import main
+def gpu_check():
+    """``scripts/gpu_check.py`` as a module (it lives beside ``scripts/gpu_check.sh``, outside the package)."""
+    import importlib.util
+    from pathlib import Path
 
-    assert main(["--device", "cpu", "--quick", "--out", str(tmp_path)]) == 0
+    if "gpu_check" not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
+        spec = importlib.util.spec_from_file_location("gpu_check", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["gpu_check"] = module  # before running it: its dataclasses look their module up
+        spec.loader.exec_module(module)
+    return sys.modules["gpu_check"]
+
+
+def test_gpu_check_runs_quick_on_the_cpu(tmp_path):
+    """``python scripts/gpu_check.py --device cpu --quick``: every section of the report, finite numbers."""
+    gc = gpu_check()
+
+    assert gc.main(["--device", "cpu", "--quick", "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "gpu_check.json").read_text())
     assert set(doc["models"]) == {"tiny-s", "tiny-m", "tiny-l"}
     assert all(v > 0 for m in doc["models"].values() for v in m["c_t"].values())
@@ -278,11 +292,12 @@ def test_gpu_check_runs_quick_on_the_cpu(tmp_path):
     assert set(doc["overhead"]) == {"tiny-m/tiny-s", "tiny-l/tiny-s"}
     assert any(name.startswith("bench oracle") for name in doc["traces"])  # the committed traces are read
     for sets in doc["simulation"].values():
+        assert set(sets) == set(doc["traces"])
         for res in sets.values():
-            assert {"γ=1", "γ=8", "cost-aware", "oracle"} <= set(res)
+            assert {"γ=1", "γ=8", "cost-aware", "oracle", "oracle, cost-aware"} <= set(res)
             assert all(math.isfinite(r["speedup"]) and r["speedup"] > 0 for r in res.values())
     md = (tmp_path / "gpu_check_costs.md").read_text()
-    for section in ("## Costs on cpu", "## Loop overhead per round", "## Simulated speedup over plain decoding"):
+    for section in ("## Costs on cpu", "## Loop overhead per round", "## Speedup over plain decoding"):
         assert section in md
     from pacer.profiles import Profile  # one cost profile per target shape, loadable, with the measured curve
 
@@ -295,18 +310,57 @@ def test_gpu_check_runs_quick_on_the_cpu(tmp_path):
         assert p.target_cost[doc["context"]] == pytest.approx(c_t)
 
 
-def test_gpu_check_simulation_arithmetic(tmp_path):
-    """Flat costs, no overhead: a round costs one forward, so the speedup is tokens per round."""
-    from pacer.gpu_check import bench_traces, simulate
+def test_gpu_check_replays_traces_through_the_real_loop(tmp_path, monkeypatch):
+    """The speedups come from the decoding loop itself on trace-scripted models: its budget handshake, its
+    forwards (priced), its rounds; no model of the loop."""
+    from pacer.decoding import loop
     from pacer.policies import FixedPolicy, OraclePolicy
 
+    gc = gpu_check()
     flat = Costs(0.0, {1: 1.0, 64: 1.0})
-    agree = [[True] * 10]
-    assert simulate(agree, FixedPolicy(4), flat, lambda g: 0.0, 0.0).speedup == pytest.approx(5.0)  # 2 rounds
-    oracle = OraclePolicy([], min_draft=0, max_draft=32)
-    assert simulate(agree, oracle, flat, lambda g: 0.0, 0.0, oracle).speedup == pytest.approx(10.0)  # 1 round
-    assert simulate([[False] * 10], FixedPolicy(4), flat, lambda g: 0.0, 0.0).speedup == pytest.approx(1.0)
+    free = (lambda g: 0.0), 0.0
+
+    def run(traces, make, costs=flat, over=free):
+        return gc.speedup(gc.replay(traces, make), costs, *over)
+
+    def oracle():
+        return OraclePolicy(None, min_draft=0, max_draft=32)
+
+    ten = [[True] * 10]
+    assert run(ten, lambda: FixedPolicy(4)).speedup == pytest.approx(5.0)  # 2 rounds of 4 drafted + 1
+    assert run(ten, oracle).speedup == pytest.approx(10.0)  # the oracle drafts all 9 it may in one round
+    assert run([[False] * 10], lambda: FixedPolicy(4)).speedup == pytest.approx(1.0)
+    # the loop's budget: a round drafts at most the tokens left but one (7 tokens: 4 + 1, then 1 + 1)
+    r = run([[True] * 7], lambda: FixedPolicy(4))
+    assert (r.tau, r.mean_gamma) == (3.5, 2.5)
+    # each forward the loop made is priced: a draft forward c_d (its catch-up of two tokens too), a target
+    # forward c_t(k); each round adds o(γ), a plain step o_ar
+    costs = Costs(0.1, {1: 1.0, 2: 1.5, 5: 3.0})
+    r = run(ten, lambda: FixedPolicy(4), costs, ((lambda g: 0.5 if g else 0.2), 0.2))
+    assert r.speedup == pytest.approx((10 * 1.0 + 10 * 0.2) / (2 * (4 * 0.1 + 3.0 + 0.5)))
+    # the measured overhead: fitted linear in γ over the greedy rounds; a round that drafted nothing is a plain step
+    over = {"ar": {"seconds": 0.2, "gamma": 0}, "g1": {"seconds": 0.5, "gamma": 1}, "g4": {"seconds": 0.8, "gamma": 4}}
+    o, o_ar = gc.overheads(over)
+    assert (o(0), o(1), o(4), o_ar) == pytest.approx((0.2, 0.5, 0.8, 0.2))
+    # where no draft pays, the cost-aware rule decodes plainly through the loop: exactly plain decoding's time
+    from pacer.policies.cost_aware import CostAwarePolicy, CostMemory
+
+    steep = Costs(0.3, {1: 1.0, 2: 2.0, 4: 4.0})
+    memory = CostMemory()
+    r = run(ten * 3, lambda: CostAwarePolicy(FixedPolicy(16, min_draft=0), steep, refine=0.0, memory=memory), steep,
+            (o, o_ar))
+    assert (r.speedup, r.mean_gamma) == (pytest.approx(1.0), 0.0)
+    # the oracle is told where the draft agrees by the drafter itself (the scripted draft: the trace)
+    trace = [True, False, True, True, False, True]
+    d = gc.TokenDrafter(gc.TraceBackend(trace), 2)
+    assert d.agreement(gc.PROMPT, [0] * len(trace)) == trace
+    # and every generation goes through the loop's own function
+    calls = []
+    real = loop.speculative_generate
+    monkeypatch.setattr(gc, "speculative_generate", lambda *a: calls.append(a) or real(*a))
+    run([trace, trace], oracle)
+    assert len(calls) == 2
     f = tmp_path / "answers.jsonl"
     f.write_text(json.dumps({"method": "oracle", "choices": [{"accept_lengths": [[3, 1, 2]]}]}) + "\n"
                  + json.dumps({"method": "sd", "choices": [{"accept_lengths": [[5]]}]}) + "\n")
-    assert bench_traces(f) == [[True, True, False, False, True, False]]
+    assert gc.bench_traces(f) == [[True, True, False, False, True, False]]

@@ -1,9 +1,9 @@
 """The Python side of ``scripts/gpu_check.sh``: forward costs on a device, the decoding loop's own overhead, and the
-speedup that draft-length rules would reach with those costs.
+speedup that draft-length rules reach with those costs through the real decoding loop.
 
-``python -m pacer.gpu_check [--device cuda] [--out DIR]`` builds random-weight ``transformers`` Qwen2 models with the
-shapes of Qwen2.5-0.5B, 1.5B and 7B (no download: the machine that runs the check may have no network) in bf16 and
-measures, on the device:
+``python scripts/gpu_check.py [--device cuda] [--out DIR]`` builds random-weight ``transformers`` Qwen2 models with
+the shapes of Qwen2.5-0.5B, 1.5B and 7B (no download: the machine that runs the check may have no network) in bf16
+and measures, on the device:
 
 * **target forward cost** ``c_t(k)``: one forward scoring ``k`` new tokens (``k`` = 1, 2, 4, ..., 32) after a
   ``--context``-token cache (256), keeping ``k`` rows of logits as the loop's verification does;
@@ -11,15 +11,21 @@ measures, on the device:
   and with a reduced draft vocabulary of 32,768 rows (:mod:`pacer.draftvocab`);
 * **loop overhead**: the time of a speculative round minus its forwards (fixed ``γ`` = 1, 4, 8 greedy and ``γ`` = 4
   sampling, random-weight pairs 1.5B/0.5B and 7B/0.5B), and of a plain decoding step minus its forward, as a
-  fraction of ``c_t(1)``; every forward is timed between two device synchronisations (:class:`TimedBackend`).
+  fraction of ``c_t(1)``; every forward is recorded by the loop's own meter (:mod:`pacer.decoding.meter`, timed
+  between two device synchronisations).
 
-Then it **simulates** decoding on acceptance traces with those costs: fixed ``γ`` = 1..8, the cost-aware rule
-(:class:`pacer.policies.cost_aware.CostAwarePolicy` over ``sd`` capped at 16, deciding on the forward costs and
+Then it **replays acceptance traces through the real decoding loop** (:func:`pacer.decoding.speculative_generate`
+and, for plain decoding, :func:`pacer.decoding.autoregressive_generate`) on :class:`TraceBackend` models: a target
+and a draft without weights whose greedy tokens are scripted so that the draft agrees with the target exactly where
+a trace says. The loop records every forward it makes (new tokens, cached context); each is priced with the measured
+costs - a target forward over ``k`` tokens ``c_t(k)``, a draft forward ``c_d`` - and each round adds the measured
+overhead ``o(γ)`` (linear in ``γ``; a plain step's ``o_ar``). So the budget and ``min_draft`` handshake, the draft's
+catch-up and the policies' updates are the loop's, not a model of them. Policies: fixed ``γ`` = 1..8, the cost-aware
+rule (:class:`pacer.policies.cost_aware.CostAwarePolicy` over ``sd`` capped at 16, deciding on the forward costs and
 learning the acceptance per draft position as it goes) and the oracle length (:class:`pacer.policies.OraclePolicy`:
-drafts exactly the tokens the draft gets right; also under the cost-aware rule). A round costs ``γ c_d + c_t(γ + 1) +
-o(γ)`` (``o``: the measured overhead, linear in ``γ``); plain decoding ``c_t(1) + o_ar`` a token. Traces: the per-round
-accepted counts of the ``oracle`` method in the committed benchmark runs (``docs/bench/default-pair-n10/answers.jsonl``:
-the real Qwen2.5-Coder 1.5B/0.5B pair; a run of ``n`` accepted tokens is ``n`` agreements and one disagreement) and
+drafts exactly the tokens the draft gets right; also under the cost-aware rule). Traces: the per-round accepted
+counts of the ``oracle`` method in the committed benchmark runs (``docs/bench/default-pair-n10/answers.jsonl``: the
+real Qwen2.5-Coder 1.5B/0.5B pair; a run of ``n`` accepted tokens is ``n`` agreements and one disagreement) and
 i.i.d. per-token acceptance ``α`` in {0.6, 0.7, 0.8}.
 
 Writes ``gpu_check.json`` (every number) and ``gpu_check_costs.md`` (the Markdown section of the report) to
@@ -30,6 +36,7 @@ Writes ``gpu_check.json`` (every number) and ``gpu_check_costs.md`` (the Markdow
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import math
@@ -43,28 +50,30 @@ from pathlib import Path
 
 import torch
 
-from . import devices
-from .costs import Costs
-from .decoding import (
+from pacer import devices
+from pacer.costs import Costs
+from pacer.decoding import (
     ModelBackend,
     Output,
     TransformersBackend,
+    Tree,
     autoregressive_generate,
     speculative_generate,
 )
-from .decoding.stats import GenerationStats
-from .drafters.token import TokenDrafter
-from .policies import DraftPolicy, DraftState, FixedPolicy, OraclePolicy, RoundResult
-from .policies.cost_aware import CostAwarePolicy, CostMemory
-from .sampling import SamplingConfig
+from pacer.decoding.meter import DRAFT, TARGET, Call, metered
+from pacer.decoding.stats import GenerationStats
+from pacer.drafters.token import TokenDrafter
+from pacer.policies import DraftPolicy, FixedPolicy, OraclePolicy
+from pacer.policies.cost_aware import CostAwarePolicy, CostMemory
+from pacer.sampling import SamplingConfig
 
 KS = (1, 2, 4, 8, 16, 32)
 GAMMAS = tuple(range(1, 9))
 ALPHAS = (0.6, 0.7, 0.8)
-#: the cost-aware rule's cap in the simulation (``sd`` capped at this many tokens)
+#: the cost-aware rule's cap in the replay (``sd`` capped at this many tokens)
 AWARE_CAP = 16
 REDUCED_VOCAB = 32768
-TRACES = Path(__file__).resolve().parents[2] / "docs" / "bench" / "default-pair-n10" / "answers.jsonl"
+TRACES = Path(__file__).resolve().parents[1] / "docs" / "bench" / "default-pair-n10" / "answers.jsonl"
 
 
 @dataclass(frozen=True)
@@ -126,46 +135,6 @@ def token_ids(n: int, vocab: int, offset: int = 0) -> list[int]:
 
 
 # ------------------------------------------------------------------------------------------------------ timing
-class TimedBackend(ModelBackend):
-    """A backend that adds up the seconds of its forwards, each timed between two synchronisations of its device
-    (what a round spends outside them is the loop's own overhead)."""
-
-    def __init__(self, inner: ModelBackend) -> None:
-        self.inner = inner
-        self.seconds = 0.0
-        self.forwards = 0
-
-    length = property(lambda self: self.inner.length)
-    context = property(lambda self: self.inner.context)
-    vocab_size = property(lambda self: self.inner.vocab_size)
-    device = property(lambda self: self.inner.device)
-    dtype = property(lambda self: self.inner.dtype)
-    identity = property(lambda self: self.inner.identity)
-    rows = property(lambda self: self.inner.rows)
-    hidden_layers = property(lambda self: self.inner.hidden_layers)
-
-    def reset(self) -> None:
-        self.inner.reset()
-
-    def forward(self, ids, *, keep=0, hidden=False, tree=None):
-        devices.synchronize(self.device)
-        t = time.perf_counter()
-        out = self.inner.forward(ids, keep=keep, hidden=hidden, tree=tree)
-        devices.synchronize(self.device)
-        self.seconds += time.perf_counter() - t
-        self.forwards += 1
-        return out
-
-    def crop(self, length: int) -> None:
-        self.inner.crop(length)
-
-    def score(self, ids):
-        return self.inner.score(ids)
-
-    def scored_rows(self):
-        return self.inner.scored_rows()
-
-
 def timed_forward(backend: ModelBackend, tokens: list[int], base: int, keep: int) -> float:
     """Seconds of one forward of ``tokens`` after ``base`` cached tokens (synchronised), cropped back after."""
     devices.synchronize(backend.device)
@@ -209,13 +178,13 @@ def loop_overhead(target: torch.nn.Module, draft: torch.nn.Module, context: int,
     """What the loop spends outside its forwards, per round: ``"ar"`` (a plain decoding step), ``"g1"``, ``"g4"``,
     ``"g8"`` (greedy rounds of fixed ``γ``) and ``"s4"`` (sampled rounds of ``γ = 4``), each ``{"seconds", "gamma"
     (the mean draft length: the last rounds of a budget draft fewer), "rounds"}``. Random weights accept little
-    greedily (about one token a round) and much when sampling (near-uniform distributions)."""
-    t = TimedBackend(TransformersBackend(target))
-    d = TimedBackend(TransformersBackend(draft))
+    greedily (about one token a round) and much when sampling (near-uniform distributions). The forwards are
+    the loop's own records (:class:`pacer.decoding.meter.MeteredBackend`, synchronised on a device)."""
+    t = metered(TransformersBackend(target), TARGET)
+    d = metered(TransformersBackend(draft), DRAFT)
     prompt = token_ids(context, min(t.vocab_size, d.vocab_size))
 
     def run(gamma: int, sampling: SamplingConfig, n: int) -> dict[str, float]:
-        t.seconds = d.seconds = 0.0
         stats = GenerationStats()
         out = Output(n, set())  # no end token: the whole budget
         if gamma == 0:
@@ -223,8 +192,8 @@ def loop_overhead(target: torch.nn.Module, draft: torch.nn.Module, context: int,
         else:
             speculative_generate(t, TokenDrafter(d, t.vocab_size), FixedPolicy(gamma), prompt, out, sampling, stats)
         r = max(stats.rounds, 1)
-        return {"seconds": (stats.wall_time - t.seconds - d.seconds) / r, "gamma": stats.draft_tokens / r,
-                "rounds": stats.rounds}
+        return {"seconds": (stats.wall_time - sum(c.seconds for c in stats.calls)) / r,
+                "gamma": stats.draft_tokens / r, "rounds": stats.rounds}
 
     greedy, sampled = SamplingConfig(), SamplingConfig(temperature=1.0, seed=0)
     run(4, greedy, 4)  # warm-up (every first call of a shape)
@@ -280,7 +249,47 @@ def iid_traces(alpha: float, n: int, length: int, seed: int = 0) -> list[list[bo
     return [[rng.random() < alpha for _ in range(length)] for _ in range(n)]
 
 
-# ------------------------------------------------------------------------------------------------- simulation
+# ----------------------------------------------------------------------------------- the loop on acceptance traces
+class TraceBackend(ModelBackend):
+    """A model without weights for replaying an acceptance trace through the real loop. Its greedy token at every
+    position of the generation is ``0`` (the target: ``agree=None``), or, for the draft, ``0`` where ``agree`` says
+    the draft agrees with the target at that generated position and ``1`` where it does not; the prompt is one
+    token (:data:`PROMPT`). Rows are near one-hot logits over a two-token vocabulary, so greedy acceptance, the
+    draft's features and the oracle's agreement (:meth:`score`) follow the trace exactly."""
+
+    ROWS = torch.tensor([[8.0, 0.0], [0.0, 8.0]])
+
+    def __init__(self, agree: Sequence[bool] | None = None) -> None:
+        self.agree = agree
+        self.context, self.vocab_size = 1 << 20, 2
+        self.device, self.dtype, self.identity = torch.device("cpu"), torch.float32, self
+        self.length = 0
+
+    def _token(self, position: int) -> int:
+        """The greedy token for absolute ``position`` (the prompt is position 0)."""
+        g = position - len(PROMPT)
+        return 1 if self.agree is not None and 0 <= g < len(self.agree) and not self.agree[g] else 0
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def forward(self, ids: Sequence[int], *, keep: int = 0, hidden: bool = False, tree: Tree | None = None):
+        depth = tree.depth if tree is not None else range(len(ids))
+        rows = self.ROWS[[self._token(self.length + i + 1) for i in depth]]
+        self.length += len(ids)
+        return (rows[-keep:] if keep else rows), None
+
+    def crop(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+    def score(self, ids: Sequence[int]) -> torch.Tensor:
+        return self.ROWS[[self._token(i + 1) for i in range(len(ids))]]
+
+
+#: the prompt of every replayed generation (one token: its forward is priced as any forward of its length)
+PROMPT = [0]
+
+
 @dataclass
 class SimResult:
     speedup: float
@@ -288,70 +297,99 @@ class SimResult:
     mean_gamma: float
 
 
-def simulate(traces: list[list[bool]], policy: DraftPolicy, costs: Costs, overhead: Callable[[int], float],
-             ar_overhead: float, oracle: OraclePolicy | None = None) -> SimResult:
-    """Greedy decoding of every trace with ``policy`` (``oracle``: the oracle inside it, given each trace), against
-    plain decoding; the loop's budget and ``min_draft`` handshake as in :func:`speculative_generate`."""
+def price(calls: Sequence[Call], costs: Costs) -> float:
+    """Seconds of recorded forwards at ``costs``: a target forward over ``k`` tokens ``c_t(k)`` (a tree one
+    ``c_tree(k)``), a draft forward ``c_d(k)`` (``c_d`` where no draft curve was measured)."""
+    return sum((costs.tree_cost(c.k) if c.tree else costs.target_cost(c.k)) if c.role == TARGET
+               else costs.draft_cost(c.k) for c in calls)
+
+
+@functools.lru_cache(maxsize=64)
+def plain(n: int) -> GenerationStats:
+    """Plain decoding of ``n`` tokens by the real loop on a :class:`TraceBackend` target (the same for every
+    trace of that length: the target's text does not depend on the draft)."""
+    stats = GenerationStats()
+    autoregressive_generate(metered(TraceBackend(), TARGET), PROMPT, Output(n, set()), SamplingConfig(), stats)
+    return stats
+
+
+def replay(traces: list[list[bool]], make_policy: Callable[[], DraftPolicy]) -> list[GenerationStats]:
+    """Greedy decoding of every trace by the real loop on :class:`TraceBackend` models, each with a policy from
+    ``make_policy`` (as the API makes one a generation; what it learns across generations is in what the factory
+    shares, such as a :class:`CostMemory`). Each generation's stats hold the forwards it made (``calls``) and its
+    draft lengths. A policy that ``needs_reference`` (the oracle) gets the drafter's agreement, as the API gives
+    it. Raises where the output differs from plain decoding's (it must not)."""
+    runs = []
+    for agree in traces:
+        policy = make_policy()
+        stats = GenerationStats()
+        drafter = TokenDrafter(metered(TraceBackend(agree), DRAFT), 2)
+        reference = [0] * len(agree)  # the target's text (plain(n) decodes it)
+        if policy.needs_reference:
+            policy.set_reference(drafter.agreement(PROMPT, reference))
+        ids = speculative_generate(metered(TraceBackend(), TARGET), drafter, policy, PROMPT,
+                                   Output(len(agree), set()), SamplingConfig(), stats)
+        if ids != reference:
+            raise RuntimeError(f"the loop's output differs from plain decoding's with {policy.describe()}")
+        stats.new_tokens = len(ids)
+        runs.append(stats)
+    return runs
+
+
+def speedup(runs: list[GenerationStats], costs: Costs, overhead: Callable[[int], float],
+            ar_overhead: float) -> SimResult:
+    """The replayed generations priced with ``costs`` plus each round's overhead (``overhead(γ)``; a plain step
+    ``ar_overhead``) against plain decoding of the same lengths by the same loop, priced the same way."""
     sd_time = ar_time = 0.0
     rounds = drafted = tokens = 0
-    for agree in traces:
-        n_tok = len(agree)
-        if oracle is not None:
-            oracle.set_reference(agree)
-        policy.reset()
-        j = 0
-        while j < n_tok:
-            budget = min(policy.max_draft, n_tok - j - 1)
-            state = DraftState()
-            while state.n < budget and (state.n < policy.min_draft or policy.should_continue(state)):
-                state.tokens.append(0)
-                state.prob.append(1.0)
-                state.top_prob.append(1.0)
-                state.entropy.append(0.0)
-            g = state.n
-            n = 0
-            while n < g and agree[j + n]:
-                n += 1
-            committed = min(n + 1, n_tok - j)
-            sd_time += g * costs.draft + costs.target_cost(g + 1) + overhead(g)
-            policy.update(state, RoundResult(g, n, draft_seconds=g * costs.draft,
-                                             verify_seconds=costs.target_cost(g + 1), scored=g + 1,
-                                             draft_forwards=g, committed=committed))
-            rounds += 1
-            drafted += g
-            tokens += committed
-            j += committed
-        ar_time += n_tok * (costs.target_cost(1) + ar_overhead)
+    for stats in runs:
+        ar = plain(stats.new_tokens)
+        ar_time += price(ar.calls, costs) + ar.rounds * ar_overhead
+        sd_time += price(stats.calls, costs) + sum(overhead(g) for g in stats.draft_lengths)
+        rounds += stats.rounds
+        drafted += stats.draft_tokens
+        tokens += ar.rounds
     return SimResult(ar_time / sd_time if sd_time else float("nan"), tokens / max(rounds, 1),
                      drafted / max(rounds, 1))
 
 
-def simulate_all(traces: list[list[bool]], costs: Costs, over: dict[str, float]) -> dict[str, SimResult]:
-    """Fixed ``γ`` = 1..8, the cost-aware rule, the oracle and the oracle under the cost-aware rule."""
+def overheads(over: dict[str, dict[str, float]]) -> tuple[Callable[[int], float], float]:
+    """The measured loop overhead as ``o(γ)`` (``a + b γ`` fitted over the greedy rounds; a round that drafted
+    nothing is a plain step) and a plain step's."""
     a, b = fit_overhead(over)
-
     ar = over["ar"]["seconds"]
+    return (lambda g: ar if g == 0 else a + b * g), ar
 
-    def overhead(g: int) -> float:
-        return ar if g == 0 else a + b * g
 
+def replay_all(traces: list[list[bool]], pairs: dict[str, tuple[Costs, dict[str, dict[str, float]]]]
+               ) -> dict[str, dict[str, SimResult]]:
+    """Per pair (its costs and measured overhead): fixed ``γ`` = 1..8, the cost-aware rule, the oracle and the
+    oracle under the cost-aware rule. A policy that does not read the costs is replayed once for every pair."""
+    def oracle() -> OraclePolicy:
+        return OraclePolicy(None, min_draft=0, max_draft=32)
+
+    def aware(inner: Callable[[], DraftPolicy], costs: Costs) -> Callable[[], DraftPolicy]:
+        memory = CostMemory()  # shared by the generations of one method, as a Decoder shares it
+        return lambda: CostAwarePolicy(inner(), costs, refine=0.0, memory=memory)
+
+    fixed = {f"γ={g}": replay(traces, functools.partial(FixedPolicy, g)) for g in GAMMAS}
+    fixed["oracle"] = replay(traces, oracle)
     out = {}
-    for g in GAMMAS:
-        out[f"γ={g}"] = simulate(traces, FixedPolicy(g), costs, overhead, ar)
-    aware = CostAwarePolicy(FixedPolicy(AWARE_CAP, min_draft=0), costs, refine=0.0, memory=CostMemory())
-    out["cost-aware"] = simulate(traces, aware, costs, overhead, ar)
-    oracle = OraclePolicy([], min_draft=0, max_draft=32)
-    out["oracle"] = simulate(traces, oracle, costs, overhead, ar, oracle)
-    oracle = OraclePolicy([], min_draft=0, max_draft=32)
-    aware_oracle = CostAwarePolicy(oracle, costs, refine=0.0, memory=CostMemory())
-    out["oracle, cost-aware"] = simulate(traces, aware_oracle, costs, overhead, ar, oracle)
+    for pair, (costs, over) in pairs.items():
+        overhead, ar = overheads(over)
+        res = {name: speedup(runs, costs, overhead, ar) for name, runs in fixed.items() if name != "oracle"}
+        res["cost-aware"] = speedup(replay(traces, aware(lambda: FixedPolicy(AWARE_CAP, min_draft=0), costs)),
+                                    costs, overhead, ar)
+        res["oracle"] = speedup(fixed["oracle"], costs, overhead, ar)
+        res["oracle, cost-aware"] = speedup(replay(traces, aware(oracle, costs)), costs, overhead, ar)
+        out[pair] = res
     return out
 
 
 # --------------------------------------------------------------------------------------------------------- run
 def run(device: torch.device, dtype: torch.dtype, quick: bool, context: int, reps: int, rounds: int,
         trace_files: Sequence[Path], say: Callable[[str], None]) -> dict:
-    """Every measurement and simulation (see the module docstring) as one JSON-able dict."""
+    """Every measurement and replay (see the module docstring) as one JSON-able dict."""
     shapes = QUICK_SHAPES if quick else SHAPES
     pairs = QUICK_PAIRS if quick else PAIRS
     draft_name = pairs[0][1]
@@ -389,13 +427,12 @@ def run(device: torch.device, dtype: torch.dtype, quick: bool, context: int, rep
     doc["traces"] = {k: {"traces": len(v), "tokens": sum(map(len, v)),
                          "agreement": round(sum(map(sum, v)) / max(1, sum(map(len, v))), 4)}
                      for k, v in trace_sets.items()}
-    for target_name, _ in pairs:
-        pair = f"{target_name}/{draft_name}"
-        say(f"simulating {pair}")
-        costs = Costs(doc["draft"]["full"], dict(doc["models"][target_name]["c_t"]))
-        over = doc["overhead"][pair]
-        doc["simulation"][pair] = {name: {k: asdict(r) for k, r in simulate_all(tr, costs, over).items()}
-                                   for name, tr in trace_sets.items()}
+    costs = {f"{t}/{draft_name}": (Costs(doc["draft"]["full"], dict(doc["models"][t]["c_t"])),
+                                   doc["overhead"][f"{t}/{draft_name}"]) for t, _ in pairs}
+    for name, tr in trace_sets.items():
+        say(f"replaying {name} through the loop")
+        for pair, res in replay_all(tr, costs).items():
+            doc["simulation"].setdefault(pair, {})[name] = {k: asdict(r) for k, r in res.items()}
     doc["seconds"] = time.perf_counter() - start
     return doc
 
@@ -412,7 +449,7 @@ def _c1(model: dict) -> float:
 
 
 def markdown(doc: dict) -> str:
-    """The report's cost, overhead and simulation sections."""
+    """The report's cost, overhead and speedup sections."""
     ks = doc["ks"]
     lines = [f"## Costs on {doc['device']} ({doc['dtype']}, random weights, {doc['context']}-token context, "
              f"median of {doc['reps']})", ""]
@@ -441,9 +478,11 @@ def markdown(doc: dict) -> str:
         cells = [f"{_ms(o[k]['seconds'])} ms ({o[k]['seconds'] / c1:.2f})" for k in ("ar", "g1", "g4", "g8", "s4")]
         lines.append(f"| {pair} | " + " | ".join(cells) + " |")
     lines += ["", "(in brackets: as a fraction of one target forward c_t(1))", "",
-              "## Simulated speedup over plain decoding", "",
-              "Each round costs γ c_d + c_t(γ+1) + o(γ) with the costs above (o: the measured overhead, fitted linear "
-              "in γ); plain decoding c_t(1) + its overhead a token. Greedy; cost-aware: the rule of "
+              "## Speedup over plain decoding, the real loop on acceptance traces", "",
+              "The decoding loop replays each trace on weightless models whose draft agrees with the target where "
+              "the trace says; each forward it makes is priced with the costs above (a target forward over k tokens "
+              "c_t(k), a draft forward c_d) and each round adds the measured overhead o(γ) (fitted linear in γ); "
+              "plain decoding, by the same loop, c_t(1) + its overhead a token. Greedy; cost-aware: the rule of "
               f"pacer.policies.cost_aware over sd capped at {AWARE_CAP}, learning the acceptance per position (no "
               "refinement from timings); "
               "oracle: drafts exactly the tokens the draft gets right (cap 32).", ""]
@@ -468,7 +507,7 @@ def markdown(doc: dict) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pacer.gpu_check", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python scripts/gpu_check.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
     ap.add_argument("--dtype", default=None, choices=["bfloat16", "float32", "float16"],
                     help="default: bfloat16 (float32 with --quick on the CPU)")
@@ -480,12 +519,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="a pacer bench answers.jsonl with oracle records (repeatable; default: "
                          "docs/bench/default-pair-n10/answers.jsonl)")
     args = ap.parse_args(argv)
-    from .errors import PacerError
+    from pacer.errors import PacerError
 
     try:
         device = devices.check_device(args.device)
     except PacerError as e:
-        print(f"pacer.gpu_check: error: {e}", file=sys.stderr)
+        print(f"gpu_check: error: {e}", file=sys.stderr)
         return 2
     dtype_name = args.dtype or ("float32" if args.quick and device.type == "cpu" else "bfloat16")
     dtype = getattr(torch, dtype_name)
@@ -495,7 +534,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.manual_seed(0)
 
     def say(msg: str) -> None:
-        print(f"pacer.gpu_check: {msg}", file=sys.stderr, flush=True)
+        print(f"gpu_check: {msg}", file=sys.stderr, flush=True)
 
     doc = run(device, dtype, args.quick, context, reps, rounds, [Path(p) for p in args.traces or [TRACES]], say)
     out = Path(args.out)
@@ -514,9 +553,9 @@ def write_profiles(doc: dict, folder: Path) -> list[Path]:
     """One cost profile (:mod:`pacer.profiles`) per measured target shape with the draft shape: its ``c_t(k)`` at
     the check's context, the draft's token cost (full head) and prefill per token estimated from its curve. The pair
     is a random-weight shape, not a real model: ``pacer bench --costs`` refuses it for a real pair (its fingerprint
-    names the shape), it is for the simulation and for reading the curve (``docs/bench/gpu/``)."""
-    from .machine import cpu_identity, describe_cpu
-    from .profiles import Profile
+    names the shape), it is for the replay and for reading the curve (``docs/bench/gpu/``)."""
+    from pacer.machine import cpu_identity, describe_cpu
+    from pacer.profiles import Profile
 
     folder.mkdir(parents=True, exist_ok=True)
     ctx = int(doc["context"])
@@ -537,7 +576,7 @@ def write_profiles(doc: dict, folder: Path) -> list[Path]:
                        {"fingerprint": f"random-weight shape {d['model']}", "dtype": doc["dtype"], "rows": "full"},
                        {ctx: tc}, {ctx: tc[kmax] / kmax}, {ctx: {k: v for k, v in dc.items() if k <= 8}},
                        dc[max(dc)] / max(dc), measured=time.strftime("%Y-%m-%d"),
-                       source="python -m pacer.gpu_check (random-weight shapes, median of "
+                       source="scripts/gpu_check.py (random-weight shapes, median of "
                               f"{doc['reps']} forwards a point)",
                        notes=["tree forwards not measured: priced as a chain",
                               "prefill per token estimated as c_t(k_max) / k_max"])
