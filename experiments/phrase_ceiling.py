@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gzip
 import json
 from pathlib import Path
 
@@ -82,9 +83,16 @@ def matched(pool: PhrasePool, text: list[int], start: int) -> list[int]:
     return out
 
 
+def answers(run: Path) -> list[dict]:
+    """The records of a ``pacer bench`` run folder: ``answers.jsonl``, or ``answers.jsonl.gz`` as committed."""
+    path = run / "answers.jsonl"
+    text = path.read_text() if path.exists() else gzip.decompress((run / "answers.jsonl.gz").read_bytes()).decode()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
 def replay(run: Path, method: str, profile: Profile, siblings: float, encode) -> dict:
     questions = {}
-    records = [json.loads(line) for line in (run / "answers.jsonl").read_text().splitlines() if line.strip()]
+    records = answers(run)
     for name in sorted({r["dataset"] for r in records}):
         questions.update({(name, q.question_id): q for q in load_dataset(name)})
     pool = PhrasePool()
@@ -153,8 +161,7 @@ def reshaped(run: Path, profile: Profile, shape: Profile) -> dict[str, tuple[flo
 
     tokens: dict[str, int] = {}
     seconds: dict[str, list[float]] = {}
-    for line in (run / "answers.jsonl").read_text().splitlines():
-        r = json.loads(line)
+    for r in answers(run):
         ch, m = r["choices"][0], r["method"]
         tokens[m] = tokens.get(m, 0) + sum(ch["new_tokens"])
         calls = [Call.from_list(x) for turn in ch["calls"] for x in turn]
