@@ -4,6 +4,7 @@ to end. Tiny models only; seconds."""
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -918,3 +919,21 @@ def test_a_greedy_benchmark_runs_each_rule_at_its_threshold_chosen_on_greedy_val
                  "--methods", "ar,entropy:threshold=validation", "--validation", str(ckpt)]) == 0
     report = (out / "report.md").read_text()
     assert "threshold of `entropy:threshold=validation`: θ = 2.5 from" in report and "10 greedy rounds" in report
+
+
+def test_recorded_command_carries_what_reproduces_the_run():
+    """The command a run records (run.json, the report's header) names the profile it decided and priced with, the
+    checkpoint its validation thresholds came from, the own profile and a left-out anchor: re-running that command
+    is the run again, and re-reading it gives the same settings."""
+    from pacer.bench.cli import command_line, parser
+
+    argv = ["--methods", "ar,cumprob:threshold=validation", "--dataset", "humaneval", "--n", "2", "--max-new-tokens",
+            "8", "--backend", "transformers", "--costs", "docs/profiles/p.json", "--own-profile", "own.json",
+            "--validation", "ckpt dir", "--no-anchor", "--out", "runs/x"]
+    args = parser().parse_args(argv)
+    cmd = command_line(args, args.methods)
+    again = parser().parse_args(shlex.split(cmd)[2:])
+    assert (again.costs, again.own_profile, again.validation, again.anchor) == (
+        Path("docs/profiles/p.json"), Path("own.json"), Path("ckpt dir"), False)
+    plain = command_line(parser().parse_args(argv[:10] + ["--out", "runs/x"]), "ar")
+    assert not any(f in plain for f in ("--costs", "--own-profile", "--validation", "--no-anchor"))

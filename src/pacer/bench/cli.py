@@ -153,6 +153,12 @@ def command_line(args: argparse.Namespace, methods: str) -> str:
     if args.threads:
         parts += ["--threads", str(args.threads)]
     parts += ["--draft-vocab", str(args.draft_vocab)]
+    for flag, value in (("--costs", args.costs), ("--own-profile", args.own_profile),
+                        ("--validation", args.validation)):
+        if value is not None:  # what the run decided, priced and chose thresholds with: part of reproducing it
+            parts += [flag, str(value)]
+    if not args.anchor:
+        parts += ["--no-anchor"]
     parts += ["--out", str(args.out)]
     return shlex.join(parts)
 
