@@ -19,7 +19,7 @@ wait
 data=runs/tf-mix-ts,runs/tf-mix-ts-b,runs/tf-mix-ts-c
 profile=docs/profiles/zen4-avx512bf16-transformers-bf16.json
 # the layer's recipe (b = 1, the per-token loss weighted 10 beside the block loss) was chosen among variants on the
-# same validation split, never on benchmark questions (docs/pacer.md, "2026-12-05: 1,000 prompts")
+# same validation split, never on benchmark questions (docs/pacer.md, "Training" and "The shipped checkpoints")
 .venv/bin/pacer train --data $data --out src/pacer/checkpoints/pacer-default --block 1 --token-weight 10 \
   --costs $profile --ablate all
 .venv/bin/pacer train --data $data --out src/pacer/checkpoints/specdecpp-default --kind specdecpp --block 1 \

@@ -1,6 +1,8 @@
-"""Every relative Markdown link in README.md and docs/**/*.md points to a file (or folder) that exists, and a link
-to a heading (``file.md#anchor`` or ``#anchor``) names a heading of that file, slugged as GitHub does. External
-links (``https:``, ``mailto:``, ...) are not checked: the tests run offline."""
+"""Every relative Markdown link in README.md, docs/**/*.md and experiments/*.md points to a file (or folder) that
+exists, and a link to a heading (``file.md#anchor`` or ``#anchor``) names a heading of that file, slugged as GitHub
+does. External links (``https:``, ``mailto:``, ...) are not checked: the tests run offline. Below: the checks that
+keep the tree a product (no progress-log words, no dated sections, nothing outside the repository, the README's
+length, docs/bench's reports cited and within size)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+FILES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")),
+         *sorted((ROOT / "experiments").glob("*.md"))]
 
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
 CODE_SPAN = re.compile(r"(`+)(?!`).*?(?<!`)\1(?!`)", re.S)
@@ -83,3 +86,119 @@ def test_the_checker_catches_a_broken_link(tmp_path):
     finally:
         ROOT = saved
     assert [b.split(":")[0] for b in bad] == ["nowhere.md", "there.md#missing"], bad
+
+
+# ------------------------------------------------------------------------------------------ the tree as a product
+README_MAX_LINES = 160
+BENCH_MAX_FOLDERS, BENCH_MAX_BYTES = 15, 10 * 1024 * 1024
+#: a numbered work session, this project's issue numbers, a bare ``#N`` reference; an upstream project's pull request
+#: or RFC (``vLLM PR #39487``) is a citation, told by a ``PR`` / ``RFC`` / ``pull`` shortly before the number
+PROGRESS = re.compile(r"\b[Ss]essions? \d+|\b[Ii]ssues?[ -]?#?\d+|(?<![\w&/#])#\d+\b")
+UPSTREAM = re.compile(r"\b(PRs?|RFCs?|pull)\b[^.;]{0,60}$")
+DATED_HEADING = re.compile(r"^#{1,6} .*\b20\d\d-\d\d-\d\d", re.M)
+PATH_UP = re.compile(r"(?<![\w./])((?:\.\./)+[\w./-]+)")
+#: where the progress-log words are never written: what a user reads and runs
+PRODUCT = ["README.md", "docs", "experiments/README.md"]
+
+
+def progress_words(text: str) -> list[str]:
+    """The progress-log words in ``text`` (see :data:`PROGRESS`), each with its line number."""
+    found = []
+    for m in PROGRESS.finditer(text):
+        if m.group().startswith("#") and UPSTREAM.search(text[max(0, m.start() - 80) : m.start()]):
+            continue
+        found.append(f"{text.count(chr(10), 0, m.start()) + 1}: {m.group()}")
+    return found
+
+
+def product_files(roots: list[str]) -> list[Path]:
+    out = []
+    for r in roots:
+        p = ROOT / r
+        files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else []
+        out += [f for f in files if "__pycache__" not in f.parts and f.suffix in ("", ".md", ".py", ".sh", ".toml",
+                                                                                    ".txt", ".json", ".cfg")]
+    return out
+
+
+def test_no_progress_log_words():
+    """The tree states findings, not a diary: no numbered work session, no issue number, no bare ``#N``."""
+    bad = []
+    for f in product_files(PRODUCT):
+        if f.suffix == ".json" and f.stat().st_size > 200_000:
+            continue  # a report's summary numbers
+        bad += [f"{f.relative_to(ROOT)}:{w}" for w in progress_words(f.read_text(encoding="utf-8", errors="replace"))]
+    assert not bad, "progress-log words (state the finding and its numbers instead):\n" + "\n".join(bad)
+
+
+def test_docs_have_no_dated_sections():
+    bad = [f"{p.relative_to(ROOT)}: {m.group()}" for p in FILES for m in DATED_HEADING.finditer(
+        FENCE.sub("", p.read_text(encoding="utf-8")))]
+    assert not bad, "dated section headings (the docs are in the present tense):\n" + "\n".join(bad)
+
+
+def outside_links(path: Path) -> list[str]:
+    """Links and ``../`` paths in a page that lead outside the repository, or to nothing in it (a user's clone has
+    nothing there)."""
+    text = path.read_text(encoding="utf-8")
+    bad = []
+    for url in LINK.findall(_prose(text)):
+        if re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*:", url) or url.startswith("//"):
+            continue
+        target = url.partition("#")[0]
+        if target.startswith("/") or (target and not (path.parent / target).resolve().is_relative_to(ROOT)):
+            bad.append(url)
+    for p in PATH_UP.findall(text):  # a path written out, in prose or code: it must be in the repository
+        where = (path.parent / p).resolve()
+        if not where.is_relative_to(ROOT) or not where.exists():
+            bad.append(p)
+    return bad
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_link_leaves_the_repository(path):
+    bad = outside_links(path)
+    assert not bad, f"{path.relative_to(ROOT)} points outside the repository: {bad}"
+
+
+def test_readme_is_a_page():
+    n = len((ROOT / "README.md").read_text(encoding="utf-8").splitlines())
+    assert n <= README_MAX_LINES, f"README.md has {n} lines (at most {README_MAX_LINES}: move details into docs/)"
+
+
+def test_bench_keeps_only_cited_reports():
+    """docs/bench/ holds the reports the documentation cites, within its size: every report folder is linked from a
+    page other than the bench index (the results page, the README, ...) and listed in the index."""
+    bench = ROOT / "docs" / "bench"
+    folders = sorted(p for p in bench.iterdir() if p.is_dir())
+    size = sum(f.stat().st_size for f in bench.rglob("*") if f.is_file())
+    assert len(folders) <= BENCH_MAX_FOLDERS, f"docs/bench holds {len(folders)} reports (at most {BENCH_MAX_FOLDERS})"
+    assert size <= BENCH_MAX_BYTES, f"docs/bench holds {size / 2**20:.1f} MB (at most {BENCH_MAX_BYTES / 2**20:.0f})"
+    index = (bench / "README.md").read_text(encoding="utf-8")
+    cited = "".join(p.read_text(encoding="utf-8") for p in FILES if p.parent != bench and bench not in p.parents)
+    for f in folders:
+        assert f"({f.name}/" in index, f"docs/bench/README.md does not list {f.name}"
+        assert f"bench/{f.name}/" in cited, f"no page cites docs/bench/{f.name} (remove it: git history keeps it)"
+
+
+def test_the_checkers_catch_what_they_should(tmp_path):
+    """The checkers themselves, on text made here (so that this file holds none of the words it forbids)."""
+    sess, iss = "Sess" + "ion", "iss" + "ue"
+    text = (f"{sess} 17 found it; see {iss} 25 and {iss.title()}-#26; fixed in #31.\n"
+            "Colour #1f77b4, vLLM PR #39487, PRs #1, #2; RFC #48202; x = y  # 0 rows\n")
+    assert [w.split(": ")[1] for w in progress_words(text)] == [f"{sess} 17", f"{iss} 25", f"{iss.title()}-#26", "#31"]
+    assert DATED_HEADING.search("## 2026-12-05 (evening): a finding")
+    assert not DATED_HEADING.search("measured 2026-12-05")
+    (tmp_path / "docs").mkdir()
+    page = tmp_path / "docs" / "page.md"
+    page.write_text("[in](../README.md) [out](../../shared/x.md) [abs](/etc/x) see `../../shared/reference.md`,\n"
+                    "`../shared/reference.md` (not in the repository) and `../README.md`\n")
+    (tmp_path / "README.md").write_text("")
+    global ROOT
+    saved, ROOT = ROOT, tmp_path
+    try:
+        bad = outside_links(page)
+    finally:
+        ROOT = saved
+    assert bad == ["../../shared/x.md", "/etc/x", "../../shared/x.md", "../../shared/reference.md",
+                   "../shared/reference.md"], bad

@@ -73,7 +73,7 @@ from ..profiles import FORMAT as PROFILE_FORMAT
 from ..profiles import Profile
 
 #: nearly flat verification (each extra scored token costs 1 % of a forward): a GPU at small batch. A CPU target is
-#: far from it (docs/hardware.md): give its profile.
+#: far from it (docs/cost-aware.md): give its profile.
 DEFAULT_COSTS = Costs(draft=0.0, target={1: 1.0, 1024: 1.0 + 1023 * 0.01})
 
 ENV_PROFILE = "PACER_VLLM_PROFILE"
