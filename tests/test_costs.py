@@ -46,6 +46,20 @@ def test_rule_stops_where_the_round_throughput_stops_rising():
     assert stop == best
 
 
+def test_a_round_of_n_drafted_tokens_is_priced_at_c_t_of_n_plus_1():
+    # a curve that bends at every k: c_t(n) and c_t(n + 1) differ everywhere, so pricing the round one forward short
+    # (c_t(n), c_t(n + 1) - c_t(n)) moves the decision
+    bent = Costs(draft=0.1, target={1: 1.0, 2: 1.1, 3: 1.5, 4: 2.5})
+    # one token drafted (S_1 = 0.9): E = 1.9, T = c_d + c_t(2) = 1.2, dT = c_d + c_t(3) - c_t(2) = 0.5; the second
+    # token pays iff S_2 * 1.2 >= 1.9 * 0.5, i.e. S_2 >= 0.7917 (at c_t(1), c_t(2): from 0.345; T alone at c_t(1): from
+    # 0.864; dT alone at c_t(2) - c_t(1): from 0.317)
+    assert gain_pays([0.9], 0.80, bent) and not gain_pays([0.9], 0.79, bent)
+    # nothing drafted: E = 1, T = c_t(1) = 1.0, dT = c_d + c_t(2) - c_t(1) = 0.2: the first pays iff S_1 >= 0.2
+    assert gain_pays([], 0.21, bent) and not gain_pays([], 0.19, bent)
+    # a free (looked-up) token: dT = c_t(3) - c_t(2) = 0.4 against T = 1.2 (spent 0.1): pays iff S_2 >= 0.6333
+    assert gain_pays([0.9], 0.64, bent, free=True) and not gain_pays([0.9], 0.63, bent, free=True)
+
+
 @pytest.mark.parametrize("n", [0, 3, 6])
 def test_rule_is_monotone_in_the_costs(n):
     S, nxt = [0.8**i for i in range(1, n + 1)], 0.8 ** (n + 1)
