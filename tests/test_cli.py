@@ -328,6 +328,39 @@ def test_calibrate_prints_the_curve_and_plots_it(capsys, pair, tmp_path, monkeyp
     assert rc == 2 and "--plot /proc/nope/x.png cannot be written" in err and "calibrat" not in out
 
 
+def test_calibrate_says_truly_whether_it_cached(capsys, pair, tmp_path, monkeypatch):
+    """``pacer calibrate`` (text and ``--json``) says where it cached a quiet calibration, and that a noisy one (the
+    machine busy) is not cached, which it is not."""
+    from pacer import calibration as cal_mod
+
+    monkeypatch.setenv("PACER_HOME", str(tmp_path / "home"))
+    def cached() -> list[str]:  # the cached calibrations (the draft's int8 choice is cached beside them)
+        files = (tmp_path / "home" / "calibration").glob("*.json")
+        return [str(p) for p in files if "costs" in json.loads(p.read_text())["payload"]]
+
+    monkeypatch.setattr(cal_mod, "NOISY", 1.0)  # every spread counts as noise
+    rc, out, err = run(capsys, pair, "calibrate", "--json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["noisy"] and doc["cached"] is None and doc["notes"][-1].startswith("not cached")
+    assert not cached()
+    rc, out, err = run(capsys, pair, "calibrate")
+    assert rc == 0 and "NOISY (the machine was busy): not cached: the next run measures again" in out
+    assert "cached in" not in out and not cached()
+    monkeypatch.setattr(cal_mod, "NOISY", 1e9)  # quiet
+    rc, out, err = run(capsys, pair, "calibrate", "--json")
+    doc = json.loads(out)
+    assert rc == 0 and not doc["noisy"] and cached() == [doc["cached"]]
+    rc, out, err = run(capsys, pair, "calibrate")
+    assert rc == 0 and f"cached in {doc['cached']}" in out and "NOISY" not in out
+    monkeypatch.setattr(cal_mod, "NOISY", 1.0)  # busy again: the quiet calibration stays, and it says so
+    rc, out, err = run(capsys, pair, "calibrate", "--json")
+    doc2 = json.loads(out)
+    assert doc2["cached"] is None and doc2["notes"][-1] == f"not cached: later runs use the calibration cached " \
+                                                            f"in {doc['cached']}"
+    rc, out, err = run(capsys, pair, "calibrate")
+    assert f"NOISY (the machine was busy): not cached: later runs use the calibration cached in {doc['cached']}" in out
+
+
 def test_calibrate_exports_a_cost_profile_that_generate_and_bench_take(capsys, pair, tmp_path, monkeypatch):
     """``pacer calibrate --export``: a profile of this pair with c_t(k) at each context, tree and draft curves;
     ``pacer generate --costs`` decides and clocks with it; another backend's profile is refused in one line."""

@@ -15,8 +15,10 @@ Each point is the median of ``REPS`` forwards after a warm-up, with the cache cr
 each forward is timed between two ``torch.cuda.synchronize()`` calls, :func:`pacer.devices.synchronize`, so that it
 counts the kernels and not only their launch). A point whose forwards spread more than ``NOISY`` (max/min) is
 measured again; if it still does, the calibration is *noisy*:
-it is used with the slowest forward of each point (conservative), said in a note, and cached with that mark (so
-that decisions, and seeded sampled outputs, stay the same from run to run; ``pacer calibrate`` measures again).
+it is used with the slowest forward of each point (conservative) by the run that measured it, said in a note, and
+**not cached**: a calibration taken while the machine was busy (a ``c_t(1)`` 18x the quiet one, once) would decide
+every later run. The next run measures again, until one measures quiet; a noisy calibration cached by an older
+pacer is re-measured, not used.
 An interrupted calibration (Ctrl-C) falls back to conservative costs (``c_t(k) = k c_t(1)``: every round is a
 plain decoding step) with a note, and writes nothing.
 
@@ -69,6 +71,8 @@ class Calibration:
     seconds: float = 0.0
     measured: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: the cache file holding this calibration (``""``: not cached: noisy, interrupted or given)
+    cached: str = ""
 
     def payload(self) -> dict:
         # prefill_warm: timed after a warm-up (since 2026-12-06), so not checked again by load()
@@ -87,7 +91,8 @@ class Calibration:
 
     def to_dict(self) -> dict:
         return {**self.payload(), "key": self.key, "source": self.source, "noisy": self.noisy,
-                "notes": self.notes, "curve": self.costs.curve(), "verdict": self.verdict()}
+                "cached": self.cached or None, "notes": self.notes, "curve": self.costs.curve(),
+                "verdict": self.verdict()}
 
 
 def backend_version(loaded) -> str:
@@ -234,7 +239,7 @@ def measure(pair, rows: torch.Tensor | None, max_draft: int = 16, reps: int = RE
                       source="measured", noisy=noisy, seconds=time.perf_counter() - start, measured=sorted(use))
     if noisy:
         cal.notes.append("the machine was too noisy for a stable measurement (forwards spread more than "
-                         f"{NOISY}x): using the slowest forward of each point; `pacer calibrate` measures again")
+                         f"{NOISY}x): this run uses the slowest forward of each point")
     return cal
 
 
@@ -264,6 +269,9 @@ def load(key: dict) -> tuple[Calibration | None, str]:
                                    [f"target prefill is {cal.prefill}"])
     if bad:  # a file edited by hand with its checksum recomputed, say
         return None, f"calibration cache {cache_path(key)} holds unusable costs ({bad[0]})"
+    if cal.noisy:  # cached by a pacer that kept noisy calibrations: never decide later runs on one
+        return None, f"calibration cache {cache_path(key)} was measured on a busy machine (noisy)"
+    cal.cached = str(cache_path(key))
     if not p.get("prefill_warm") and cal.prefill and \
             (why := prefill_doubt(CONTEXT, cal.prefill, cal.costs.target)) is not None:
         # cached before the prefill was timed warm (a prefill measured warm is kept whatever it costs)
@@ -272,8 +280,16 @@ def load(key: dict) -> tuple[Calibration | None, str]:
 
 
 def save(cal: Calibration) -> str:
-    """Cache ``cal``: ``""``, or a note saying why it could not be (a home that cannot be written)."""
-    return STORE.keep(cal.key, cal.payload())
+    """Cache ``cal`` (setting :attr:`Calibration.cached`): ``""``, or a note saying why it is not cached: noisy (never
+    cached: see the module docstring), or a home that cannot be written."""
+    if cal.noisy:
+        kept, _ = load(cal.key)  # pacer calibrate measures again over a quiet calibration: that one stays
+        return "not cached: " + (f"later runs use the calibration cached in {kept.cached}" if kept
+                                 else "the next run measures again")
+    note = STORE.keep(cal.key, cal.payload())
+    if not note:
+        cal.cached = str(STORE.path(cal.key))
+    return note
 
 
 def _stderr_progress(msg: str) -> None:
