@@ -328,6 +328,23 @@ def test_calibrate_prints_the_curve_and_plots_it(capsys, pair, tmp_path, monkeyp
     assert rc == 2 and "--plot /proc/nope/x.png cannot be written" in err and "calibrat" not in out
 
 
+@pytest.mark.parametrize("field,value", [("target_cost", {"32": {}}), ("tree_cost", {"32": {}}),
+                                         ("draft_cost", {"32": {"1": float("nan")}}), ("target_prefill", {"32": -1}),
+                                         ("target_cost", {"32": {"1": "0.2"}})])
+def test_a_bad_cost_profile_is_refused_before_any_model_loads(capsys, pair, tmp_path, field, value):
+    """A profile with an empty context row (once a traceback from ``price()`` after the models loaded) or an
+    unusable cost: exit 2 with one line naming the file and the field, before the (here missing) target loads."""
+    from test_profiles import synthetic
+
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({**synthetic().to_dict(), field: value}))
+    for argv in (["generate", PROMPT, "--costs", str(path)],
+                 ["bench", "--quick", "--costs", str(path), "--out", str(tmp_path / "run")]):
+        rc, out, err = run(capsys, pair, *argv, target="/nonexistent/model")
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and str(path) in err and f"'{field}'" in err, err
+        assert not (tmp_path / "run").exists()
+
+
 def test_calibrate_says_truly_whether_it_cached(capsys, pair, tmp_path, monkeypatch):
     """``pacer calibrate`` (text and ``--json``) says where it cached a quiet calibration, and that a noisy one (the
     machine busy) is not cached, which it is not."""

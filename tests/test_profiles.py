@@ -104,9 +104,9 @@ def test_profile_files_round_trip_and_damaged_ones_are_refused(tmp_path):
     assert q == p and default_name(q) == "zen4-avx512bf16-transformers-bf16"
     doc = json.loads(path.read_text())
     for broken, needle in [({**doc, "format": "x"}, "not a pacer cost profile"),
-                           ({k: v for k, v in doc.items() if k != "target_cost"}, "damaged"),
-                           ({**doc, "target_cost": {"32": {"1": -1.0}}}, "unusable"),
-                           ({**doc, "draft_cost": {"32": {"1": float("nan")}}}, "unusable")]:
+                           ({k: v for k, v in doc.items() if k != "target_cost"}, "'target_cost' is missing"),
+                           ({**doc, "target_cost": {"32": {"1": -1.0}}}, r"'target_cost'\['32'\]\['1'\] is -1.0"),
+                           ({**doc, "draft_cost": {"32": {"1": float("nan")}}}, "is NaN")]:
         path.write_text(json.dumps(broken))
         with pytest.raises(PacerError, match=needle):
             Profile.load(path)
@@ -115,6 +115,58 @@ def test_profile_files_round_trip_and_damaged_ones_are_refused(tmp_path):
         Profile.load(path)
     with pytest.raises(PacerError, match="does not exist"):
         Profile.load(tmp_path / "none.json")
+
+
+def _damaged_profiles() -> list[tuple[str, object]]:
+    """(field path, value) pairs: every field of a profile missing, empty, of the wrong type, NaN, infinite,
+    negative or zero where a cost must be positive."""
+    cases: list[tuple[str, object]] = []
+    bad_numbers = [float("nan"), float("inf"), float("-inf"), -0.1, "0.2", True, None, [0.2], {"x": 1}]
+    for top in ("target_cost", "tree_cost", "draft_cost"):
+        cases += [(f"{top}", "x"), (f"{top}", [1]), (f"{top}", 3), (f"{top}/32", {}), (f"{top}/32", [0.1]),
+                  (f"{top}/32", None), (f"{top}/-5", {"1": 0.1}), (f"{top}/x", {"1": 0.1}),
+                  (f"{top}/32/0", 0.1), (f"{top}/32/-1", 0.1), (f"{top}/32/1.5", 0.1), (f"{top}/32/one", 0.1)]
+        cases += [(f"{top}/32/2", v) for v in [*bad_numbers, 0, 0.0]]
+    cases += [("target_cost", None), ("target_cost", {}), ("draft_cost", {}), ("draft_cost", None)]
+    cases += [("target_prefill", "x"), ("target_prefill", [1]), ("target_prefill/0", 0.01), ("target_prefill/x", 0.01)]
+    cases += [("target_prefill/32", v) for v in [*bad_numbers, 0]]
+    cases += [("draft_prefill", v) for v in bad_numbers if v is not None]
+    cases += [("policy_check", "x"), ("policy_check/pacer", -1.0), ("policy_check/pacer", float("nan")),
+              ("policy_check/pacer", "1")]
+    cases += [(f, v) for f in ("name", "backend") for v in (None, "", 3, ["x"])]
+    cases += [(f, v) for f in ("runtime", "measured", "source") for v in (3, ["x"], {"a": 1})]
+    cases += [(f, v) for f in ("machine", "target") for v in (None, "x", 3, ["x"])]
+    cases += [("draft", v) for v in ("x", 3, ["x"])]
+    cases += [("notes", "x"), ("notes", [1]), ("notes", {"a": 1})]
+    return cases
+
+
+@pytest.mark.parametrize("where,value", _damaged_profiles(), ids=lambda x: repr(x)[:30])
+def test_every_field_of_a_profile_is_checked_before_it_prices(tmp_path, where, value):
+    """A profile is read by one checked reader: any field missing, empty, of the wrong type, NaN, infinite or
+    out of range is one line naming the file and the field (a context row left empty once passed the checks and
+    broke ``price()`` after the models loaded). A profile that loads prices every call kind."""
+    doc = synthetic().to_dict()
+    *parents, last = where.split("/")
+    node = doc
+    for key in parents:
+        node = node[key]
+    node[last] = value
+    if value is None and not parents:
+        del node[last]  # None at the top: the field missing
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(PacerError) as e:
+        p = Profile.load(path)
+        # what loads must price: a call of every kind at several contexts
+        for call in (Call(TARGET, 40, 0, False, 0), Call(TARGET, 3, 100, False, 0), Call(TARGET, 30, 100, True, 0),
+                     Call(DRAFT, 40, 0, False, 0), Call(DRAFT, 9, 100, False, 0)):
+            assert math.isfinite(p.price(call)) and p.price(call) > 0
+        p.costs(100)
+        pytest.fail(f"{where} = {value!r} was accepted")
+    msg = str(e.value)
+    assert "\n" not in msg and str(path) in msg and "export it again" in msg
+    assert repr(where.split("/")[0]) in msg or where.split("/")[0] in msg, msg
 
 
 def test_the_shipped_profiles_load_and_name_their_machine():

@@ -159,14 +159,50 @@ def test_load_costs():
     assert c.target == {1: 0.01, 8: 0.02} and c.draft == 0.001
     c, _ = load_costs({"name": "x", "costs": {"target": {"1": 0.5}}})
     assert c.target == {1: 0.5} and c.draft == 0.0
-    with pytest.raises(PacerError, match="damaged"):
+    with pytest.raises(PacerError, match="'name' is missing"):
         load_costs({"format": "pacer-profile/1", "costs": {"target": {"1": 0.5}}})
     c, _ = load_costs({"format": "pacer-calibration/2", "payload": {"costs": {"draft": 0.2, "target": {"1": 0.5}}}})
     assert c.target == {1: 0.5} and c.draft == 0.2  # pacer's calibration cache file
     with pytest.raises(PacerError, match="target"):
         load_costs({"draft": 0.1})
-    with pytest.raises(PacerError, match="positive"):
+    with pytest.raises(PacerError, match=r"'target'\['1'\] is 0.0 \(want a number of seconds > 0\)"):
         load_costs({"target": {"1": 0.0}})
+
+
+BAD_NUMBERS = [float("nan"), float("inf"), float("-inf"), -0.5, "0.5", True, None, [0.5], {"a": 1}]
+
+
+@pytest.mark.parametrize("costs", [
+    *({"target": {"1": 1.0, "8": v}} for v in [*BAD_NUMBERS, 0]),
+    *({"target": {"1": 1.0}, field: v} for field in ("draft", "policy_per_check", "draft_prefill")
+      for v in BAD_NUMBERS if v is not None),
+    *({"target": {"1": 1.0}, field: {"2": v}} for field in ("tree", "draft_curve") for v in [*BAD_NUMBERS, 0]),
+    *({"target": {"1": 1.0}, field: v} for field in ("tree", "draft_curve") for v in ("x", [1.0], 3)),
+    {"target": {}}, {"target": []}, {"target": "fast"}, {"target": None}, {"target": {"0": 1.0}},
+    {"target": {"-1": 1.0}}, {"target": {"x": 1.0}}, {"target": {"1.5": 1.0}},
+    {"target": {"1": 1.0}, "targte": {"1": 1.0}}, {"costs": {"target": {"1": float("nan")}}},
+    {"payload": {"costs": {"target": {"1": 1.0, "4": -2.0}}}},
+], ids=lambda c: json.dumps(c)[:40])
+def test_plain_costs_with_any_unusable_field_are_refused_in_one_line(tmp_path, costs):
+    """NaN, infinite, negative or zero costs, a cost of the wrong type, an empty curve or an unknown field: refused
+    when the proposer is built, naming the file and the field (a NaN target cost once switched speculation off
+    without a word: every draft token then 'did not pay')."""
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(costs))
+    for given in (str(path), costs):
+        with pytest.raises(PacerError) as e:
+            load_costs(given)
+        assert "\n" not in str(e.value) and "cost profile" in str(e.value)
+    assert str(path) in str(pytest.raises(PacerError, load_costs, str(path)).value)
+    with pytest.raises(PacerError):
+        PacerProposer(_config(extra={"pacer": {"profile": str(path)}}))
+
+
+def test_given_costs_objects_are_checked_too():
+    with pytest.raises(PacerError, match="is NaN"):
+        load_costs(Costs(draft=0.0, target={1: 1.0, 8: float("nan")}))
+    with pytest.raises(PacerError, match="unusable"):
+        load_costs(Profile("p", {}, "transformers", "", {}, None, {32: {}}, {}))  # a context row left empty
 
 
 def test_load_costs_from_a_file(tmp_path):

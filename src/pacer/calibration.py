@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from . import devices
-from .costs import Costs, prefill_doubt
+from .costs import BadField, Costs, prefill_doubt
 from .machine import FORMAT, STORE, cpu_identity
 
 #: the draft forwards measured besides one token: a phrase check over k new tokens (Ouroboros)
@@ -263,6 +263,8 @@ def load(key: dict) -> tuple[Calibration | None, str]:
         cal = Calibration(Costs.from_dict(p["costs"]), float(p["prefill"]), key, "cache",
                           noisy=bool(p.get("noisy", False)), seconds=float(p.get("seconds", 0)),
                           measured=list(p.get("measured", [])))
+    except BadField as e:
+        return None, f"calibration cache {cache_path(key)} holds unusable costs ({e})"
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         return None, f"calibration cache {cache_path(key)} cannot be read ({type(e).__name__})"
     bad = cal.costs.problems() or ([] if math.isfinite(cal.prefill) and cal.prefill >= 0 else

@@ -10,8 +10,12 @@ Terms (seconds, measured where pacer runs by :mod:`pacer.calibration`, refined b
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import PacerError
 
 
 @dataclass
@@ -73,11 +77,24 @@ class Costs:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> Costs:
-        return cls(float(d["draft"]), {int(k): float(v) for k, v in d["target"].items()},
-                   float(d.get("policy_per_check", 0.0)), float(d.get("draft_prefill", 0.0)),
-                   {int(k): float(v) for k, v in (d.get("tree") or {}).items()},
-                   {int(k): float(v) for k, v in (d.get("draft_curve") or {}).items()})
+    def from_dict(cls, d: Any, free_draft: bool = False) -> Costs:
+        """The checked reader of costs as :meth:`to_dict` writes them (a calibration, a checkpoint's, ``pacer tune
+        --measure-costs``, the vLLM proposer's plain costs): every field a JSON number of seconds, finite, ``c_t``,
+        ``c_tree`` and ``c_d`` curves non-empty where given and positive, keyed by ``k >= 1``; ``draft`` positive
+        (``free_draft``: may be absent or 0, looked-up tokens), the prefill and policy check non-negative. Raises
+        :class:`BadField` naming the field."""
+        if not isinstance(d, dict):
+            raise BadField(f"the costs are {show_value(d)}, not an object with 'target' {{k: seconds}}")
+        if unknown := sorted(set(d) - set(COST_FIELDS)):
+            raise BadField(f"unknown field(s) {', '.join(map(repr, unknown))} (known: {', '.join(COST_FIELDS)})")
+        if "target" not in d:
+            raise BadField("no 'target' {k: seconds}")
+        draft = read_seconds(d.get("draft", 0.0) if free_draft else _required(d, "draft"), "'draft'", free_draft)
+        return cls(draft, read_curve(d["target"], "'target'"),
+                   read_seconds(d.get("policy_per_check", 0.0), "'policy_per_check'", zero=True),
+                   read_seconds(d.get("draft_prefill", 0.0), "'draft_prefill'", zero=True),
+                   read_curve(d.get("tree") or {}, "'tree'", empty=True),
+                   read_curve(d.get("draft_curve") or {}, "'draft_curve'", empty=True))
 
     def problems(self) -> list[str]:
         """What makes these costs unusable (empty: none): every value finite, ``c_t`` and ``c_d`` positive,
@@ -113,6 +130,54 @@ class Costs:
     def verification_growth(self, k: int = 8) -> float:
         """``c_t(k) / c_t(1)``: ~1 where verifying a block is nearly free, ~``k`` where it costs ``k`` forwards."""
         return self.target_cost(k) / self.target_cost(1)
+
+
+#: the fields of :meth:`Costs.to_dict`
+COST_FIELDS = ("draft", "target", "policy_per_check", "draft_prefill", "tree", "draft_curve")
+
+
+class BadField(PacerError, ValueError):
+    """A field of a costs file (a profile, a calibration, a checkpoint's costs) that cannot be used; the message
+    names the field and what it holds, the reader adds the file and what to do."""
+
+
+def show_value(v: Any) -> str:
+    """``v`` as a message shows it: JSON, NaN and infinities by name, cut at 40 characters."""
+    text = json.dumps(v, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _required(d: dict, key: str) -> Any:
+    if key not in d:
+        raise BadField(f"no {key!r}")
+    return d[key]
+
+
+def read_seconds(v: Any, name: str, zero: bool = False) -> float:
+    """A cost read from a file: a JSON number (not a string, not a boolean), finite, ``> 0`` (``>= 0`` with
+    ``zero``)."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0 or (v == 0 and not zero):
+        want = "a number of seconds >= 0" if zero else "a number of seconds > 0"
+        raise BadField(f"{name} is {show_value(v)} (want {want})")
+    return float(v)
+
+
+def read_count(v: Any, name: str, least: int) -> int:
+    """A count read from a file (a JSON integer, or an object key holding one): ``>= least``."""
+    n = int(v) if isinstance(v, str) and v.strip().lstrip("-").isdigit() else v
+    if isinstance(n, bool) or not isinstance(n, int) or n < least:
+        raise BadField(f"{name} is {show_value(v)} (want an integer >= {least})")
+    return n
+
+
+def read_curve(d: Any, name: str, empty: bool = False) -> dict[int, float]:
+    """A cost curve ``{k: seconds}`` read from a file: an object, keyed by ``k >= 1``, costs ``> 0``; not empty
+    (unless ``empty``: an optional curve not measured)."""
+    if not isinstance(d, dict):
+        raise BadField(f"{name} is {show_value(d)} (want an object {{k: seconds}})")
+    if not d and not empty:
+        raise BadField(f"{name} is empty (want {{k: seconds}} with at least one k)")
+    return {read_count(k, f"{name} k {k!r}", 1): read_seconds(v, f"{name}[{k!r}]") for k, v in d.items()}
 
 
 #: how much dearer a prefill may be per token than a token of the curve's longest forward (:func:`prefill_doubt`)

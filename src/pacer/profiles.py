@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .costs import Costs, interpolate, prefill_doubt
+from .costs import BadField, Costs, interpolate, prefill_doubt, read_count, read_curve, read_seconds, show_value
 from .decoding.meter import DRAFT, TARGET, Call
 from .errors import PacerError
 
@@ -61,8 +61,32 @@ PREFILLS = (32, 128, 512, 2048)
 Curves = dict[int, dict[int, float]]
 
 
-def _curves(d: dict | None) -> Curves:
-    return {int(c): {int(k): float(v) for k, v in row.items()} for c, row in (d or {}).items()}
+def _curves(d: object, name: str, empty: bool = False) -> Curves:
+    """``{context: {k: seconds}}`` read from a profile: every context a count >= 0 holding a non-empty curve (see
+    :func:`pacer.costs.read_curve`); none at all only where ``empty`` (a curve not measured)."""
+    if d is None and empty:
+        return {}
+    if not isinstance(d, dict) or (not d and not empty):
+        what = "missing" if d is None else "empty" if d == {} else f"{type(d).__name__} {show_value(d)}"
+        raise BadField(f"'{name}' is {what} (want an object {{context: {{k: seconds}}}})")
+    return {read_count(c, f"'{name}' context {c!r}", 0): read_curve(row, f"'{name}'[{c!r}]") for c, row in d.items()}
+
+
+def _text(d: dict, key: str, required: bool = True) -> str:
+    v = d.get(key, None if required else "")
+    if not isinstance(v, str) or (required and not v):
+        raise BadField(f"{key!r} is {'missing' if v is None else show_value(v)} (want a "
+                       f"{'non-empty ' if required else ''}string)")
+    return v
+
+
+def _object(d: dict, key: str, optional: bool = False) -> dict | None:
+    v = d.get(key)
+    if optional and (v is None or v == {}):
+        return None
+    if not isinstance(v, dict):
+        raise BadField(f"{key!r} is {'missing' if v is None else show_value(v)} (want an object)")
+    return v
 
 
 def _at_context(curves: Curves, context: int) -> dict[int, float]:
@@ -150,6 +174,8 @@ class Profile:
         bad = []
         for name, curves in (("target", self.target_cost), ("tree", self.tree_cost), ("draft", self.draft_cost)):
             for c, row in curves.items():
+                if not row:
+                    bad.append(f"{name} cost at context {c} is empty")
                 for k, v in row.items():
                     if not (k >= 1 and c >= 0 and math.isfinite(v) and v > 0):
                         bad.append(f"{name} cost at context {c}, k={k} is {v}")
@@ -214,18 +240,37 @@ class Profile:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "profile") -> Profile:
+        """The one checked reader of a profile: every field of the right type and range before anything prices
+        with it (a curve or context row left empty, a cost NaN, infinite, negative, zero or a string, a draft
+        model without draft costs: one line naming the field, :class:`PacerError`)."""
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise PacerError(f"{where} is not a pacer cost profile ({FORMAT}); make one with "
                              f"`pacer calibrate --export FILE`")
         try:
-            p = cls(str(d["name"]), dict(d["machine"]), str(d["backend"]), str(d.get("runtime", "")),
-                    dict(d["target"]), dict(d["draft"]) if d.get("draft") else None, _curves(d["target_cost"]),
-                    {int(n): float(v) for n, v in (d.get("target_prefill") or {}).items()},
-                    _curves(d.get("draft_cost")), float(d.get("draft_prefill", 0.0)), _curves(d.get("tree_cost")),
-                    {str(k): float(v) for k, v in (d.get("policy_check") or {}).items()},
-                    str(d.get("measured", "")), str(d.get("source", "")), list(d.get("notes", [])))
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise PacerError(f"{where} is damaged ({type(e).__name__}: {e}); export it again") from None
+            draft = _object(d, "draft", optional=True)
+            prefill = d.get("target_prefill") or {}
+            if not isinstance(prefill, dict):
+                raise BadField(f"'target_prefill' is {type(prefill).__name__} (want an object {{tokens: seconds}})")
+            checks = d.get("policy_check") or {}
+            if not isinstance(checks, dict):
+                raise BadField(f"'policy_check' is {type(checks).__name__} (want an object {{policy: seconds}})")
+            notes = d.get("notes") or []
+            if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+                raise BadField("'notes' is not a list of strings")
+            p = cls(_text(d, "name"), _object(d, "machine"), _text(d, "backend"), _text(d, "runtime", False),
+                    _object(d, "target"), draft, _curves(d.get("target_cost"), "target_cost"),
+                    {read_count(n, f"'target_prefill' tokens {n!r}", 1): read_seconds(v, f"'target_prefill'[{n!r}]")
+                     for n, v in prefill.items()},
+                    _curves(d.get("draft_cost"), "draft_cost", empty=True),
+                    read_seconds(d.get("draft_prefill", 0.0), "'draft_prefill'", zero=True),
+                    _curves(d.get("tree_cost"), "tree_cost", empty=True),
+                    {str(k): read_seconds(v, f"'policy_check'[{k!r}]", zero=True) for k, v in checks.items()},
+                    _text(d, "measured", False), _text(d, "source", False), list(notes))
+            if draft is not None and not p.draft_cost:
+                raise BadField("'draft_cost' is empty, but the profile has a draft model (its forwards are priced "
+                               "with it)")
+        except BadField as e:
+            raise PacerError(f"{where}: {e}; export it again (`pacer calibrate --export FILE`)") from None
         if bad := p.problems():
             raise PacerError(f"{where} holds unusable costs ({bad[0]}); export it again")
         return p

@@ -63,7 +63,7 @@ from typing import Any
 
 import numpy as np
 
-from ..costs import Costs
+from ..costs import BadField, Costs
 from ..decoding.meter import TARGET, Call
 from ..drafters.lookup import KEY_CONFIDENCE
 from ..drafters.phrase import PhrasePool
@@ -113,7 +113,15 @@ def load_costs(profile: Costs | Profile | dict | str | Path | None) -> tuple[Cos
     of these, or ``None`` for :data:`DEFAULT_COSTS`."""
     if profile is None or profile == "":
         return DEFAULT_COSTS, "default (nearly flat verification)"
-    if isinstance(profile, Costs | Profile):
+    if isinstance(profile, Profile):
+        if bad := profile.problems():
+            raise PacerError(f"the given cost profile {profile.name} holds unusable costs ({bad[0]})")
+        return profile, "given"
+    if isinstance(profile, Costs):
+        try:
+            Costs.from_dict(profile.to_dict(), free_draft=True)
+        except BadField as e:
+            raise PacerError(f"the given costs: {e}") from None
         return profile, "given"
     source = "given"
     if isinstance(profile, str | Path):
@@ -132,15 +140,14 @@ def load_costs(profile: Costs | Profile | dict | str | Path | None) -> tuple[Cos
         if not inner:
             break
         d = inner[0]
-    if not isinstance(d, dict) or not isinstance(d.get("target"), dict) or not d["target"]:
+    if not isinstance(d, dict) or "target" not in d:
         raise PacerError(f"cost profile {source}: no 'target' {{k: seconds}} (at the top or under "
-                         f"{' / '.join(repr(k) for k in NESTED)})")
+                         f"{' / '.join(repr(k) for k in NESTED)}); pass a file of `pacer calibrate --export`")
     try:
-        costs = Costs.from_dict({"draft": 0.0, **d})
-    except (TypeError, ValueError) as e:
-        raise PacerError(f"cost profile {source}: {e}") from e
-    if any(v <= 0 for v in costs.target.values()) or any(k < 1 for k in costs.target):
-        raise PacerError(f"cost profile {source}: target costs must be positive, keyed by k >= 1")
+        costs = Costs.from_dict(d, free_draft=True)  # looked-up draft tokens are free: 'draft' may be 0
+    except BadField as e:
+        raise PacerError(f"cost profile {source}: {e}; fix it or pass a file of `pacer calibrate --export`") \
+            from None
     return costs, source
 
 
