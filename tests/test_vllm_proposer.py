@@ -331,6 +331,58 @@ def test_settings_are_checked_and_the_environment_wins(tmp_path, monkeypatch):
     assert proposer.planner.costs.target == {1: 2.0, 2: 4.0}
 
 
+BAD_COUNTS = [0, -1, 3.7, "8", "four", True, None, [8], {"n": 8}, float("nan")]
+
+
+def _bad_settings(tmp_path) -> list[tuple[str, dict, dict]]:
+    """(setting named in the message, additional_config['pacer'], other parts of vllm_config) for every setting
+    with every kind of bad value."""
+    cases = [(name, {name: v}, {}) for name in ("ngram", "key_len", "max_idle") for v in BAD_COUNTS]
+    cases += [("num_speculative_tokens", {}, {"k": v}) for v in BAD_COUNTS]
+    cases += [("max_model_len", {}, {"max_len": v}) for v in BAD_COUNTS if v is not None]
+    cases += [("max_num_seqs", {}, {"max_seqs": v}) for v in BAD_COUNTS if v is not None]
+    (tmp_path / "a-file").write_text("")
+    cases += [("log", {"log": v}, {}) for v in (3, ["x"], {"a": 1}, True, str(tmp_path),
+                                                 str(tmp_path / "no-such-folder" / "steps.jsonl"),
+                                                 str(tmp_path / "a-file" / "steps.jsonl"), "/proc/steps.jsonl")]
+    cases += [("profile", {"profile": v}, {}) for v in (3, ["x"], str(tmp_path / "missing.json"), {"x": 1},
+                                                         {"target": {"1": float("nan")}})]
+    cases += [("pacer", {}, {"pacer": v}) for v in ("ngram=4", [1], 3)]
+    return cases
+
+
+def test_every_setting_is_checked_when_the_proposer_is_built(tmp_path):
+    """A setting of the wrong type or range (once converted with a bare ``int()``, or checked at the first engine
+    step, where an exception stops vLLM's engine at its first request): refused when vLLM builds the proposer, in
+    one line naming the setting; nothing is left on disk."""
+    for name, mine, other in _bad_settings(tmp_path):
+        cfg = _config(k=other.get("k", 6), max_len=other.get("max_len", 256),
+                      extra={"pacer": other["pacer"]} if "pacer" in other else {"pacer": mine})
+        if "max_seqs" in other:
+            cfg.scheduler_config.max_num_seqs = other["max_seqs"]
+        with pytest.raises(PacerError) as e:
+            PacerProposer(cfg)
+            pytest.fail(f"{name}: {mine or other} accepted")
+        msg = str(e.value)
+        assert "\n" not in msg and name in msg, (mine, other, msg)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_a_log_that_fails_later_is_said_once_and_the_engine_goes_on(tmp_path, caplog):
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    log = folder / "steps.jsonl"
+    proposer = PacerProposer(_config(extra={"pacer": {"log": str(log), "profile": FLAT.to_dict()}}))
+    assert not log.exists()  # checked, not left behind before the first step
+    out, _ = _run(proposer, [[1, 2, 3]], [1], max_new=5)
+    assert log.exists() and len(log.read_text().splitlines()) >= 1
+    log.unlink()
+    folder.rmdir()  # the folder goes away while the engine runs
+    out, _ = _run(proposer, [[1, 2, 3]], [1], max_new=20)
+    assert out == [_plain([1, 2, 3], 1, 20)] and proposer.log_path is None
+    assert sum("cannot write the step log" in r.getMessage() for r in caplog.records) == 1
+
+
 def test_planner_refuses_a_zero_k():
     with pytest.raises(PacerError):
         PacerPlanner(0)

@@ -63,7 +63,7 @@ from typing import Any
 
 import numpy as np
 
-from ..costs import BadField, Costs
+from ..costs import BadField, Costs, show_value
 from ..decoding.meter import TARGET, Call
 from ..drafters.lookup import KEY_CONFIDENCE
 from ..drafters.phrase import PhrasePool
@@ -327,8 +327,11 @@ class PacerPlanner:
     def __init__(self, k: int, costs: Costs | Profile | None = None, ngram: int = 8, key_len: int = 3,
                  pool_size: int = 1 << 16, max_len: int | None = None, capacity: int = 4096,
                  max_idle: int = 512) -> None:
-        if k < 1:
-            raise PacerError(f"num_speculative_tokens must be >= 1 (got {k})")
+        k = setting_count("num_speculative_tokens", k)
+        ngram, key_len = setting_count("ngram", ngram), setting_count("key_len", key_len)
+        pool_size, capacity = setting_count("pool_size", pool_size), setting_count("capacity", capacity)
+        max_idle = setting_count("max_idle", max_idle)
+        max_len = None if max_len is None else setting_count("max_model_len", max_len)
         self.k, self.ngram, self.key_len, self.pool_size, self.max_len = k, ngram, key_len, pool_size, max_len
         costs = costs or DEFAULT_COSTS
         self.profile = costs if isinstance(costs, Profile) else None
@@ -421,6 +424,51 @@ class PacerPlanner:
         return out
 
 
+#: where each setting is set, for the message that refuses it
+SETTING_WHERE = {"num_speculative_tokens": "--speculative-config's num_speculative_tokens",
+                 "max_model_len": "vLLM's --max-model-len", "max_num_seqs": "vLLM's --max-num-seqs",
+                 "log": f"additional_config['pacer']['log'] or ${ENV_LOG}",
+                 "profile": f"additional_config['pacer']['profile'] or ${ENV_PROFILE}"}
+
+
+def _where(name: str) -> str:
+    return SETTING_WHERE.get(name, f"additional_config['pacer'][{name!r}]")
+
+
+def setting_count(name: str, value: Any) -> int:
+    """A whole-number setting of the proposer, checked where it is set: an integer >= 1 (not a string, a float or
+    a boolean: ``int()`` would take ``"8"``, truncate ``3.7`` and read ``True`` as 1)."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise PacerError(f"pacer vLLM setting {name} is {show_value(value)}: it takes an integer >= 1; set "
+                         f"{_where(name)}")
+    return int(value)
+
+
+def setting_log(value: Any) -> Path | None:
+    """The ``log`` setting checked where it is set: ``None``/``""`` (no log) or a path to a file that can be
+    appended to (its folder exists; opened once here, so that the first engine step cannot fail on it)."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str | os.PathLike):
+        raise PacerError(f"pacer vLLM setting log is {show_value(value)}: it takes a file name; set {_where('log')}")
+    path = Path(value)
+    if path.is_dir():
+        raise PacerError(f"pacer vLLM setting log {path} is a folder: give a file name in it; set {_where('log')}")
+    if not path.parent.is_dir():
+        raise PacerError(f"pacer vLLM setting log {path}: its folder {path.parent} does not exist; create it or set "
+                         f"{_where('log')}")
+    existed = path.exists()
+    try:
+        with path.open("a"):
+            pass
+    except OSError as e:
+        raise PacerError(f"pacer vLLM setting log {path} cannot be written ({e.strerror or e}); set "
+                         f"{_where('log')}") from None
+    if not existed:
+        path.unlink()  # created at the first step that logs: nothing is left by a proposer that never ran
+    return path
+
+
 class PacerProposer:
     """The vLLM ``custom_class`` proposer: ``vllm_config.speculative_config.model =
     "pacer.integrations.vllm.PacerProposer"``. Settings (class attributes; subclass to change them, or set them in
@@ -443,21 +491,30 @@ class PacerProposer:
         spec = vllm_config.speculative_config
         settings = {s: getattr(self, s) for s in self.SETTINGS}
         extra = getattr(vllm_config, "additional_config", None)
-        if isinstance(extra, dict) and isinstance(extra.get("pacer"), dict):
-            unknown = set(extra["pacer"]) - set(self.SETTINGS)
+        mine = extra.get("pacer") if isinstance(extra, dict) else None
+        if mine is not None:
+            if not isinstance(mine, dict):
+                raise PacerError(f"additional_config['pacer'] is {show_value(mine)}: it takes an object of settings "
+                                 f"({', '.join(self.SETTINGS)})")
+            unknown = set(mine) - set(self.SETTINGS)
             if unknown:
                 raise PacerError(f"additional_config['pacer']: unknown settings {sorted(unknown)} "
                                  f"(known: {', '.join(self.SETTINGS)})")
-            settings.update(extra["pacer"])
+            settings.update(mine)
         settings["profile"] = os.environ.get(ENV_PROFILE) or settings["profile"]
         settings["log"] = os.environ.get(ENV_LOG) or settings["log"]
+        # every setting is checked here, when vLLM builds the proposer: an error in propose() would stop the engine
+        # at its first request
         costs, source = load_costs(settings["profile"])
         max_len = getattr(getattr(vllm_config, "model_config", None), "max_model_len", None)
-        max_seqs = getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", None) or 256
-        self.k = int(spec.num_speculative_tokens)
-        self.planner = PacerPlanner(self.k, costs, int(settings["ngram"]), int(settings["key_len"]),
-                                    max_len=max_len, capacity=8 * max_seqs, max_idle=int(settings["max_idle"]))
-        self.log_path = Path(settings["log"]) if settings["log"] else None
+        max_seqs = getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", None)
+        max_seqs = 256 if max_seqs is None else setting_count("max_num_seqs", max_seqs)
+        self.k = setting_count("num_speculative_tokens", getattr(spec, "num_speculative_tokens", None))
+        self.planner = PacerPlanner(self.k, costs, setting_count("ngram", settings["ngram"]),
+                                    setting_count("key_len", settings["key_len"]), max_len=max_len,
+                                    capacity=8 * max_seqs, max_idle=setting_count("max_idle", settings["max_idle"]))
+        self.planner.new_state()  # the phrase pool's own checks, now
+        self.log_path = setting_log(settings["log"])
         self.logger = _logger()
         self.logger.info("pacer proposer: up to %d lookup tokens per row, lengths by the cost-aware rule on %s "
                          "(%s%s)", self.k, source, self.planner.costs.curve(),
@@ -476,8 +533,13 @@ class PacerProposer:
             self.logger.debug("pacer step %d: draft lengths %s (candidates %s; last verified %s, accepted %s)",
                               last.call, last.lengths, last.candidates, last.verified, last.accepted)
             if self.log_path is not None:
-                with self.log_path.open("a") as f:
-                    f.write(json.dumps(last.to_dict()) + "\n")
+                try:
+                    with self.log_path.open("a") as f:
+                        f.write(json.dumps(last.to_dict()) + "\n")
+                except OSError as e:  # the log is a record, not the engine's work: said once, then not written
+                    self.logger.warning("pacer proposer: cannot write the step log %s (%s); no longer logging",
+                                        self.log_path, e.strerror or e)
+                    self.log_path = None
         return out
 
 
