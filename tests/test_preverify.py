@@ -542,6 +542,95 @@ def test_checkpoint_refusals(tmp_path):
         load_checkpoint(ckpt)
 
 
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("ckpt")
+    ckpt = root / "ckpt"
+    train(synthetic_collection(root / "data", rounds=60), ckpt, "pacer", block=2, epochs=1, log=None)
+    return ckpt
+
+
+BAD_INTS = [0, -1, "four", "4", 2.5, True, None, [2], {"n": 2}]
+
+
+def _bad_configs() -> list[tuple[str, object]]:
+    """(field path, value; ``None`` at the top: the field removed) for every field a checkpoint's config is read for."""
+    cases: list[tuple[str, object]] = [(f, v) for f in ("block", "d") for v in BAD_INTS]
+    cases += [("block", 9), ("d", 63), ("d", 0)]  # more than max_draft 8; not a multiple of the 2 heads
+    cases += [("rank", v) for v in (-1, "8", 1.5, True)] + [("min_draft", v) for v in (-1, "1", 9, 1.5)]
+    cases += [("kind", v) for v in (None, "x", 3, ["pacer"])] + [("context", v) for v in ("yes", 1, [True])]
+    cases += [("threshold", v) for v in (None, -0.1, 1.5, "0.5", float("nan"), float("inf"), True)]
+    cases += [("weights_sha256", v) for v in (None, 3, "abc")]
+    cases += [("feature_spec", v) for v in (None, "x", [1])]
+    cases += [(f"feature_spec/{f}", v) for f in ("hidden_size", "max_draft") for v in BAD_INTS]
+    cases += [("feature_spec/hidden_layers", v) for v in (None, "x", [1.5], ["-1"], [True])]
+    cases += [("feature_spec/scalar_names", v) for v in (None, [], ["nope"], "prob", [1])]
+    cases += [("feature_spec/target_hidden", v) for v in (-1, "8", 1.5)]
+    cases += [("backend", 3), ("draft_fingerprint", 3), ("target_fingerprint", ["x"])]
+    cases += [("check_seconds", v) for v in (-1, float("nan"), "0.1")]
+    cases += [("costs", v) for v in ("x", {"target": {}}, {"target": {"1": -1}}, {"target": {"1": 1}, "x": 1})]
+    cases += [("threshold_by_mode", v) for v in ("x", {"greedy": 0.5}, {"greedy": {"threshold": 2}})]
+    cases += [("rules", v) for v in ("x", {"entropy": 1.0}, {"entropy": {"threshold": "a"}},
+                                     {"entropy": {"threshold": 1.0, "by_mode": {"greedy": {"threshold": None}}}})]
+    cases += [("train", "x"), ("validation", [1])]
+    return cases
+
+
+@pytest.mark.parametrize("where,value", _bad_configs(), ids=lambda x: repr(x)[:30])
+def test_every_field_of_a_checkpoint_config_is_checked_in_one_reader(tiny_checkpoint, tmp_path, where, value):
+    """A checkpoint's config.json is read by one checked reader: each field it is read for of the right type and
+    range (``block: 0``, ``block: "four"``, a missing ``d``: once three tracebacks, one from ctypes), even with its
+    checksum recomputed; one line naming the file and the field."""
+    import shutil
+
+    from pacer.policies.learned import write_config
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint, ckpt)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    *parents, last = where.split("/")
+    node = cfg
+    for key in parents:
+        node = node[key]
+    if value is None:
+        node.pop(last, None)
+    else:
+        node[last] = value
+    write_config(ckpt, cfg)  # a consistent checksum: the field itself is what is refused
+    with pytest.raises(PacerError) as e:
+        pol = make_learned_policy("pacer", ckpt, "tiny-draft", {}, {})
+        pol.check_seconds  # noqa: B018 - loaded, and the layer measured
+        pytest.fail(f"{where} = {value!r} accepted")
+    msg = str(e.value)
+    assert "\n" not in msg and str(ckpt / "config.json") in msg and where.split("/")[-1] in msg, msg
+
+
+def test_a_checkpoint_config_is_covered_by_its_checksum(tiny_checkpoint, tmp_path):
+    """config.json records the sha256 of the rest of it: a hand edit (here a valid threshold) is refused; the
+    shipped checkpoints carry it and load."""
+    import shutil
+
+    from pacer.policies.learned import DEFAULT_CHECKPOINTS, config_sha256, default_checkpoint, read_config
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint, ckpt)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    assert cfg["config_sha256"] == config_sha256(cfg)
+    load_checkpoint(ckpt, "tiny-draft")
+    (ckpt / "config.json").write_text(json.dumps({**cfg, "threshold": 0.01}))
+    with pytest.raises(PacerError, match="changed by hand"):
+        load_checkpoint(ckpt)
+    for kind in DEFAULT_CHECKPOINTS:
+        for backend in ("transformers", "llamacpp"):
+            shipped = json.loads((default_checkpoint(kind, backend) / "config.json").read_text())
+            assert shipped["config_sha256"] == config_sha256(shipped)
+            assert read_config(default_checkpoint(kind, backend))[0]["kind"] == kind
+    # a config written before the checksum existed is read (and checked) as it is
+    del cfg["config_sha256"]
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    load_checkpoint(ckpt, "tiny-draft")
+
+
 def test_layer_is_light():
     spec = FeatureSpec()
     m = PreVerifier(spec.hidden_dim, len(spec.scalar_names), 4, 64, max_draft=16)

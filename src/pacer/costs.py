@@ -162,9 +162,9 @@ def read_seconds(v: Any, name: str, zero: bool = False) -> float:
     return float(v)
 
 
-def read_count(v: Any, name: str, least: int) -> int:
-    """A count read from a file (a JSON integer, or an object key holding one): ``>= least``."""
-    n = int(v) if isinstance(v, str) and v.strip().lstrip("-").isdigit() else v
+def read_count(v: Any, name: str, least: int, key: bool = False) -> int:
+    """A count read from a file: a JSON integer (``key``: an object key, a string holding one), ``>= least``."""
+    n = int(v) if key and isinstance(v, str) and v.strip().lstrip("-").isdigit() else v
     if isinstance(n, bool) or not isinstance(n, int) or n < least:
         raise BadField(f"{name} is {show_value(v)} (want an integer >= {least})")
     return n
@@ -177,7 +177,7 @@ def read_curve(d: Any, name: str, empty: bool = False) -> dict[int, float]:
         raise BadField(f"{name} is {show_value(d)} (want an object {{k: seconds}})")
     if not d and not empty:
         raise BadField(f"{name} is empty (want {{k: seconds}} with at least one k)")
-    return {read_count(k, f"{name} k {k!r}", 1): read_seconds(v, f"{name}[{k!r}]") for k, v in d.items()}
+    return {read_count(k, f"{name} k {k!r}", 1, key=True): read_seconds(v, f"{name}[{k!r}]") for k, v in d.items()}
 
 
 #: how much dearer a prefill may be per token than a token of the curve's longest forward (:func:`prefill_doubt`)

@@ -69,7 +69,8 @@ def _curves(d: object, name: str, empty: bool = False) -> Curves:
     if not isinstance(d, dict) or (not d and not empty):
         what = "missing" if d is None else "empty" if d == {} else f"{type(d).__name__} {show_value(d)}"
         raise BadField(f"'{name}' is {what} (want an object {{context: {{k: seconds}}}})")
-    return {read_count(c, f"'{name}' context {c!r}", 0): read_curve(row, f"'{name}'[{c!r}]") for c, row in d.items()}
+    return {read_count(c, f"'{name}' context {c!r}", 0, key=True): read_curve(row, f"'{name}'[{c!r}]")
+            for c, row in d.items()}
 
 
 def _text(d: dict, key: str, required: bool = True) -> str:
@@ -259,8 +260,8 @@ class Profile:
                 raise BadField("'notes' is not a list of strings")
             p = cls(_text(d, "name"), _object(d, "machine"), _text(d, "backend"), _text(d, "runtime", False),
                     _object(d, "target"), draft, _curves(d.get("target_cost"), "target_cost"),
-                    {read_count(n, f"'target_prefill' tokens {n!r}", 1): read_seconds(v, f"'target_prefill'[{n!r}]")
-                     for n, v in prefill.items()},
+                    {read_count(n, f"'target_prefill' tokens {n!r}", 1, key=True):
+                     read_seconds(v, f"'target_prefill'[{n!r}]") for n, v in prefill.items()},
                     _curves(d.get("draft_cost"), "draft_cost", empty=True),
                     read_seconds(d.get("draft_prefill", 0.0), "'draft_prefill'", zero=True),
                     _curves(d.get("tree_cost"), "tree_cost", empty=True),

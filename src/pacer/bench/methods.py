@@ -14,7 +14,6 @@ takes ``schedule``, ``tokens`` and ``threshold``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,11 +123,13 @@ def validation_thresholds(ckpt: Path, mode: str | None = None) -> dict[str, dict
     and the layer's own, under the checkpoint's kind (``pacer`` / ``specdecpp``); ``mode`` (``greedy`` /
     ``sampled``): the one chosen on that mode's validation rounds where the checkpoint records it. A checkpoint
     without rule thresholds is a one-line error."""
+    from ..policies.learned import read_config
+
     try:
-        cfg = json.loads((Path(ckpt) / "config.json").read_text())
-    except (OSError, ValueError) as e:
-        raise PacerError(f"--validation: cannot read {ckpt}/config.json ({e})") from None
-    rules = cfg.get("rules") if isinstance(cfg, dict) else None
+        cfg, _ = read_config(ckpt, whole=False)
+    except PacerError as e:
+        raise PacerError(f"--validation: {e}") from None
+    rules = cfg.get("rules")
     if not isinstance(rules, dict) or not rules:
         raise PacerError(f"--validation: {ckpt} records no rule thresholds (a checkpoint trained before pacer train "
                          f"chose them); train one with this pacer and pass it as --validation CKPT")

@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import load_file
 
 from .. import native
+from ..costs import BadField, Costs, read_count, read_seconds, show_value
 from ..errors import PacerError
 from ..preverify.features import (
     SCALARS,
@@ -53,21 +54,136 @@ def default_checkpoint(kind: str, backend: str = "transformers") -> Path:
     return Path(str(resources.files("pacer") / "checkpoints" / name))
 
 
+KINDS = ("pacer", "specdecpp")
+#: the attention heads of :class:`pacer.preverify.layer.PreVerifier` (its ``d`` must be a multiple)
+HEADS = 2
+
+
+def config_sha256(cfg: dict) -> str:
+    """The checksum a checkpoint's ``config.json`` records of the rest of itself (``config_sha256``)."""
+    rest = {k: v for k, v in cfg.items() if k != "config_sha256"}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()
+
+
+def write_config(path: Path | str, cfg: dict) -> None:
+    """Write a checkpoint's ``config.json`` (atomically) with the checksum of its content: every writer goes
+    through here, so that :func:`read_config` can tell a file edited by hand."""
+    from ..io import atomic_write_text
+
+    cfg = {k: v for k, v in cfg.items() if k != "config_sha256"}
+    atomic_write_text(Path(path) / "config.json", json.dumps({**cfg, "config_sha256": config_sha256(cfg)},
+                                                             indent=2) + "\n")
+
+
+def _threshold(t: object, name: str, unit: bool = False) -> None:
+    """A threshold read from a checkpoint: a finite number (in ``[0, 1]`` with ``unit``: the layer's)."""
+    if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or \
+            (unit and not 0.0 <= t <= 1.0):
+        raise BadField(f"{name} threshold is {show_value(t)} (want {'a number in [0, 1]' if unit else 'a number'})")
+
+
+def _entries(d: dict, key: str, where: str = "") -> list[tuple[str, dict]]:
+    """The ``{name: {...}}`` entries of an optional object field (:class:`BadField` where it is not one)."""
+    v = d.get(key)
+    if v is None:
+        return []
+    if not isinstance(v, dict) or not all(isinstance(e, dict) for e in v.values()):
+        raise BadField(f"{where}{key!r} is {show_value(v)} (want an object of objects)")
+    return list(v.items())
+
+
+def _check_config(cfg: object, whole: bool = True) -> tuple[dict, FeatureSpec | None]:
+    """Every field a checkpoint's config is read for, of the right type and range (:class:`BadField` otherwise).
+    ``whole``: a checkpoint to load (its spec, kind, weights' checksum, sizes and threshold required); else only
+    the fields present are checked (``--validation`` reads the thresholds alone)."""
+    if not isinstance(cfg, dict):
+        raise BadField(f"it holds {show_value(cfg)}, not an object")
+
+    def has(key: str) -> bool:
+        return whole or key in cfg
+
+    spec = FeatureSpec.from_dict(cfg.get("feature_spec")) if has("feature_spec") else None
+    max_draft = spec.max_draft if spec is not None else None
+    kind = cfg.get("kind")
+    if has("kind") and kind not in KINDS:
+        raise BadField(f"'kind' is {show_value(kind)} (want one of {', '.join(KINDS)})")
+    digest = cfg.get("weights_sha256")
+    if has("weights_sha256") and (not isinstance(digest, str) or len(digest) != 64):
+        raise BadField(f"'weights_sha256' is {show_value(digest)} (want the weights' sha256)")
+    for key in ("backend", "draft_fingerprint", "target_fingerprint"):
+        if key in cfg and not isinstance(cfg[key], str | None):
+            raise BadField(f"{key!r} is {show_value(cfg[key])} (want a string)")
+    if has("d"):
+        d = read_count(cfg.get("d"), "'d'", 1)
+        if kind == "pacer" and d % HEADS:
+            raise BadField(f"'d' is {d} (want a multiple of the layer's {HEADS} attention heads)")
+    if (kind == "pacer" and has("block")) or "block" in cfg:
+        block = read_count(cfg.get("block"), "'block'", 1)
+        if max_draft is not None and block > max_draft:
+            raise BadField(f"'block' is {block}, more than the features' max_draft {max_draft}")
+    if not isinstance(cfg.get("context", True), bool):
+        raise BadField(f"'context' is {show_value(cfg['context'])} (want true or false)")
+    read_count(cfg.get("rank", 0), "'rank'", 0)
+    md = read_count(cfg.get("min_draft", 1), "'min_draft'", 0)
+    if max_draft is not None and md > max_draft:
+        raise BadField(f"'min_draft' is {md}, more than the features' max_draft {max_draft}")
+    if has("threshold"):
+        _threshold(cfg.get("threshold"), "'threshold'", unit=True)
+    for mode, v in _entries(cfg, "threshold_by_mode"):
+        _threshold(v.get("threshold"), f"'threshold_by_mode'[{mode!r}]", unit=True)
+    for rule, v in _entries(cfg, "rules"):
+        _threshold(v.get("threshold"), f"'rules'[{rule!r}]")
+        for mode, m in _entries(v, "by_mode", f"'rules'[{rule!r}]"):
+            _threshold(m.get("threshold"), f"'rules'[{rule!r}]['by_mode'][{mode!r}]")
+    if "check_seconds" in cfg:
+        read_seconds(cfg["check_seconds"], "'check_seconds'", zero=True)
+    if "costs" in cfg:
+        try:
+            Costs.from_dict(cfg["costs"], free_draft=True)
+        except BadField as e:
+            raise BadField(f"'costs': {e}") from None
+    for key in ("train", "validation"):
+        if key in cfg and not isinstance(cfg[key], dict):
+            raise BadField(f"{key!r} is {show_value(cfg[key])} (want an object)")
+    return cfg, spec
+
+
+def read_config(path: Path | str, whole: bool = True) -> tuple[dict, FeatureSpec | None]:
+    """``(config, feature spec)`` of the checkpoint in ``path``: the one checked reader of ``config.json``. Its
+    ``config_sha256`` (written by :func:`write_config`) must match (a config written before the checksum existed
+    is taken as it is), and every field it is read for must be of the right type and range; otherwise one line
+    naming the file and the field (:class:`PacerError`). ``whole``: see :func:`_check_config`."""
+    cfg_path = Path(path) / "config.json"
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except FileNotFoundError:
+        raise PacerError(f"'{path}' is not a pre-verifier checkpoint (no config.json); make one with `pacer train`") \
+            from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PacerError(f"checkpoint config {cfg_path} is corrupt ({type(e).__name__}: {e}); retrain or "
+                         f"restore it") from None
+    want = cfg.get("config_sha256") if isinstance(cfg, dict) else None
+    if want is not None and want != config_sha256(cfg):
+        raise PacerError(f"checkpoint config {cfg_path} was changed by hand (its config_sha256 does not match); "
+                         f"retrain or restore it")
+    try:
+        return _check_config(cfg, whole)
+    except BadField as e:
+        raise PacerError(f"checkpoint config {cfg_path} is unusable: {e}; retrain or restore it") from None
+
+
 def load_checkpoint(path: Path | str, draft_fingerprint: str | None = None, draft=None):
-    """``(model, mu, sd, config)``; refuses a missing/corrupt checkpoint, one made for another draft model, or one
-    whose features the draft (``draft``: a :class:`pacer.models.LoadedModel`: its backend, layers, hidden size)
-    cannot give."""
+    """``(model, mu, sd, config)``; refuses a missing/corrupt checkpoint (its config read by :func:`read_config`,
+    its weights checked against their sha256), one made for another draft model, or one whose features the draft
+    (``draft``: a :class:`pacer.models.LoadedModel`: its backend, layers, hidden size) cannot give."""
     path = Path(path)
     cfg_path, w_path = path / "config.json", path / "weights.safetensors"
     if not cfg_path.exists() or not w_path.exists():
         raise PacerError(f"'{path}' is not a pre-verifier checkpoint (needs config.json and weights.safetensors); "
                          f"make one with `pacer train`")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-        spec = FeatureSpec.from_dict(cfg["feature_spec"])
-        kind = cfg["kind"]
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        raise PacerError(f"checkpoint config {cfg_path} is corrupt ({e}); retrain or restore it") from e
+    cfg, spec = read_config(path)
+    assert spec is not None  # a whole checkpoint's
+    kind = cfg["kind"]
     digest = hashlib.sha256(w_path.read_bytes()).hexdigest()
     if digest != cfg.get("weights_sha256"):
         raise PacerError(f"checkpoint weights {w_path} are corrupt (sha256 mismatch); retrain or restore them")

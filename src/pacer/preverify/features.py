@@ -115,8 +115,23 @@ class FeatureSpec:
 
     @classmethod
     def from_dict(cls, d: dict) -> FeatureSpec:
-        return cls(tuple(d["hidden_layers"]), int(d["hidden_size"]), int(d["max_draft"]), tuple(d["scalar_names"]),
-                   int(d.get("target_hidden", 0)))
+        """The checked reader of a spec (a checkpoint's or a collection's): layer indices integers, sizes and
+        ``max_draft`` integers >= 1, every scalar one of :data:`SCALARS`; :class:`pacer.costs.BadField` names the
+        field otherwise."""
+        from ..costs import BadField, read_count, show_value
+
+        if not isinstance(d, dict):
+            raise BadField(f"'feature_spec' is {show_value(d)} (want an object)")
+        layers, names = d.get("hidden_layers"), d.get("scalar_names")
+        if not isinstance(layers, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
+            raise BadField(f"'feature_spec' hidden_layers is {show_value(layers)} (want a list of layer indices)")
+        if not isinstance(names, list) or not names or not all(n in SCALARS for n in names if isinstance(n, str)) \
+                or not all(isinstance(n, str) for n in names):
+            raise BadField(f"'feature_spec' scalar_names is {show_value(names)} (want a list of "
+                           f"{', '.join(SCALARS)})")
+        return cls(tuple(layers), read_count(d.get("hidden_size"), "'feature_spec' hidden_size", 1),
+                   read_count(d.get("max_draft"), "'feature_spec' max_draft", 1), tuple(names),
+                   read_count(d.get("target_hidden", 0), "'feature_spec' target_hidden", 0))
 
 
 def needs_target_state(spec: FeatureSpec) -> bool:

@@ -17,7 +17,6 @@ nearly flat in ``k`` on CPUs). Predicted speedup over plain decoding = (tokens /
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,8 +28,8 @@ from torch import nn
 
 from ..costs import Costs
 from ..errors import PacerError
-from ..io import atomic_write_bytes, atomic_write_text
-from ..policies.learned import check_cost, load_checkpoint
+from ..io import atomic_write_bytes
+from ..policies.learned import check_cost, load_checkpoint, write_config
 from .collect import load_dataset
 from .features import SCALAR_GROUPS, FeatureSpec, needs_target_hidden
 from .layer import PreVerifier, TokenHead, param_count
@@ -448,7 +447,7 @@ def save_checkpoint(out: Path, kind: str, model: nn.Module, mu, sd, config: dict
 
     config = {**config, "kind": kind, "params": param_count(model),
               "weights_sha256": hashlib.sha256((out / "weights.safetensors").read_bytes()).hexdigest()}
-    atomic_write_text(out / "config.json", json.dumps(config, indent=2) + "\n")
+    write_config(out, config)
 
 
 def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs: int = 20, seed: int = 0,
@@ -570,5 +569,5 @@ def retune(ckpt: Path, data_dir: Path, costs: Costs, min_draft: int | None = Non
                validation={k: v for k, v in report.items() if k != "sweep"}, sweep=report["sweep"],
                tuned={"data": str(data_dir), "rounds": len(va), "held_out": held_out,
                       "draft_vocab": manifest.get("draft_vocab", "not recorded")})
-    atomic_write_text(Path(ckpt) / "config.json", json.dumps(cfg, indent=2) + "\n")
+    write_config(ckpt, cfg)
     return cfg
