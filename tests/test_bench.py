@@ -311,6 +311,175 @@ def test_answers_reader_skips_torn_last_line_and_rejects_damage(tmp_path):
         rec_io.read_answers(p)
 
 
+def full_record(method: str, ids: list[list[int]], lossless=None, divergence=None) -> dict:
+    """An answer record as the runner writes it: two turns, their forwards, both clocks and the breakdown."""
+    from pacer.bench.methods import MethodSpec
+    from pacer.bench.runner import make_record
+    from pacer.decoding.meter import DRAFT, TARGET, Call
+
+    q = data.Question("ds", "q1", "code", ("a", "b"), chat=False)
+    outs = [TurnOut(list(t), "text", 0.5, [2, 1], [1, 0], 2, 1, "length", [5, 6],
+                    [Call(TARGET, 3, 0, False, 0.1), Call(DRAFT, 1, 3, False, 0.01), Call(TARGET, 2, 3, False, 0.1)],
+                    {"target_prefill": 0.1, "rest": 0.01}) for t in ids]
+    r = make_record(q, MethodSpec(method, (), method), 0, outs)
+    r["choices"][0]["own_time"] = r["choices"][0]["profile_time"] = [0.4, 0.45]
+    return {**r, "lossless": lossless, "divergence": divergence}
+
+
+AR_IDS = [[1, 2, 3], [4, 5]]
+
+
+def _bad_records() -> list[tuple[str, object]]:
+    """(field path, value; ``...``: removed) for every field of an answer record the readers index."""
+    cases: list[tuple[str, object]] = [("choices", v) for v in (..., [], "x", ["x"], {"0": 1})]
+    for f in ("wall_time", "own_time", "profile_time"):
+        cases += [(f"c/{f}", v) for v in ("x", ["0.5", 0.5], [float("nan"), 0.5], [0.5], [0.5, 0.5, 0.5], [None, 1])]
+    cases += [("c/wall_time", v) for v in (..., [], [-1.0, 0.5], [True, 0.5])]
+    cases += [("c/token_ids", v) for v in (..., "x", [[1, 2, 3]], [[1, "2", 3], [4, 5]], [[1, 2, 3], [4, -5]],
+                                           [[1, 2, 3], 4])]
+    cases += [("c/new_tokens", v) for v in (..., [3], [3, "2"], [3, 3], [3.0, 2])]
+    cases += [("c/accept_lengths", v) for v in (..., "x", [0, 1], [[1], "x"], [1.5])]
+    cases += [(f"c/{f}", v) for f in ("accept_lengths_per_turn", "draft_lengths") for v in ("x", [[1]], [[1], [-1]],
+                                                                                            [[1], "x"])]
+    cases += [(f"c/{f}", v) for f in ("target_calls", "draft_forwards", "decoding_steps") for v in ("x", [1],
+                                                                                                   [1, -1], [1, "2"])]
+    cases += [("c/calls", v) for v in ("x", [[], "x"], [[["t", 3, 0, 0]], []], [[["x", 3, 0, 0, 0.1]], []],
+                                       [[["t", "3", 0, 0, 0.1]], []], [[["t", 3, 0, 0, float("nan")]], []],
+                                       [[["t", 0, 0, 0, 0.1]], []], [[["t", 3, -1, 0, 0.1]], []],
+                                       [[["t", 3, 0, 2, 0.1]], []], [[["t", 3, 0, 0, 0.1, "1"]], []])]
+    cases += [("c/breakdown", v) for v in ("x", [{"a": "b"}, {}], [{"a": -1}, {}], [[], {}])]
+    cases += [("c/turns", v) for v in ("x", [1, "b"], ["a"])]
+    cases += [("c/finish_reason", v) for v in ("x", [1, "b"])]
+    cases += [("c/drafter", v) for v in ("x", [1, None])]
+    cases += [(f, v) for f in ("dataset", "method", "category") for v in (..., 3, "", None, ["x"])]
+    cases += [("question_id", v) for v in (..., None, True, [1], 1.5)]
+    cases += [("repeat", v) for v in (-1, "0", 1.5, True, None)]
+    cases += [(f, v) for f in ("answer_id", "model_id", "question_sha256") for v in (3, None, ["x"])]
+    cases += [("lossless", v) for v in ("yes", 1, 0, [True])] + [("divergence", v) for v in ("x", 3, [1])]
+    return cases
+
+
+@pytest.mark.parametrize("where,value", _bad_records(), ids=lambda x: repr(x)[:30])
+def test_every_field_of_an_answer_record_is_checked_where_it_is_read(tmp_path, where, value):
+    """answers.jsonl is read by one checked reader: a record whose field the report, --reprice or the export would
+    index missing or of the wrong type (once tracebacks: a record without choices, a call or a wall time of the
+    wrong type) is one line naming the file, the line and the field."""
+    p = tmp_path / "answers.jsonl"
+    good = full_record("sd", AR_IDS, True)
+    bad = json.loads(json.dumps(good))
+    node, key = (bad["choices"][0], where[2:]) if where.startswith("c/") else (bad, where)
+    if value is ...:
+        del node[key]
+    else:
+        node[key] = value
+    p.write_text(json.dumps(full_record("ar", AR_IDS)) + "\n" + json.dumps(bad) + "\n")
+    with pytest.raises(PacerError) as e:
+        rec_io.read_answers(p)
+    msg = str(e.value)
+    assert "\n" not in msg and f"{p}:2:" in msg and where.split("/")[-1] in msg, msg
+    p.write_text(json.dumps(full_record("ar", AR_IDS)) + "\n" + json.dumps(good) + "\n")
+    assert rec_io.read_answers(p, greedy=True)[0][1] == good  # the record as written reads
+
+
+def test_no_lossless_verdict_is_taken_on_trust(tmp_path):
+    """A record's ``lossless`` verdict is recomputed from its token ids against ar's (answers.jsonl has no checksum):
+    one edited by hand (a difference called lossless or the reverse, a verdict dropped from a greedy run or added to a
+    sampled one or to ar, a divergence at another place) is refused in one line."""
+    p = tmp_path / "answers.jsonl"
+    ar = full_record("ar", AR_IDS)
+    differs = [[1, 2, 3], [4, 9]]
+    div = {"turn": 1, "index": 1, "near_tie": False}
+
+    def read(*recs, greedy=True):
+        p.write_text("".join(json.dumps(r) + "\n" for r in recs))
+        return rec_io.read_answers(p, greedy)
+
+    assert read(ar, full_record("sd", AR_IDS, True))[0][1]["lossless"] is True
+    assert read(ar, full_record("sd", differs, False, div))[0][1]["lossless"] is False
+    assert read(ar, full_record("sd", AR_IDS), greedy=False)[0][1]["lossless"] is None
+    assert read(ar, full_record("ar@llamacpp", differs))[0][1]["lossless"] is None  # the anchor is not compared
+    for recs, greedy, needle in [
+        ((ar, full_record("sd", differs, True)), True, "says lossless: true, but its token ids differ from ar's at "
+                                                       "turn 2, token 1"),
+        ((ar, full_record("sd", AR_IDS, False, div)), True, "says lossless: false, but its token ids equal ar's"),
+        ((ar, full_record("sd", differs, True)), None, "says lossless: true"),
+        ((ar, full_record("sd", differs)), True, "has no lossless verdict in a greedy run"),
+        ((ar, full_record("sd", AR_IDS, True)), False, "which a sampled run never has"),
+        (({**ar, "lossless": True}, full_record("sd", AR_IDS, True)), True, "has a lossless verdict"),
+        ((full_record("sd", AR_IDS, True),), True, "no ar record"),
+        ((ar, full_record("sd", differs, False, {**div, "turn": 0})), True, "is not where its token ids first differ"),
+        ((ar, full_record("sd", differs, False, {**div, "index": 0})), True, "is not where its token ids first differ"),
+        ((ar, full_record("sd", differs, False)), True, "is not where its token ids first differ"),
+        ((ar, full_record("sd", AR_IDS, True, div)), True, "is lossless but records a divergence"),
+    ]:
+        with pytest.raises(PacerError, match="changed by hand") as e:
+            read(*recs, greedy=greedy)
+        assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_report_reprice_and_recheck_refuse_a_hand_edited_answers_file(tmp_path, capsys):
+    """--report-only, --recheck-lossless and --reprice read answers.jsonl through the checked reader: a verdict or a
+    record edited by hand is exit 2 with one line (before any model loads), nothing is written; a run resumed by
+    pacer (its answers appended) stays readable."""
+    from pacer.profiles import Profile
+
+    out = tmp_path / "b"
+    argv = ["bench", "--quick", "--n", "2", "--max-new-tokens", "6", "--no-progress", "--out", str(out),
+            "--methods", "ar,sd"]
+    assert main([*argv[:3], "1", *argv[4:]]) == 0
+    assert main([*argv, "--resume"]) == 0  # appended by pacer: still readable, verdicts recomputed
+    assert main(["bench", "--report-only", "--out", str(out)]) == 0
+    meta = json.loads((out / "run.json").read_text())
+    prof = Profile("p", {"describe": "x"}, meta["backend"], "torch",
+                   {"fingerprint": meta["target_fingerprint"], "dtype": meta["target_weights"]},
+                   {"fingerprint": meta["draft_fingerprint"], "dtype": meta["draft_weights"]},
+                   {32: {1: 0.1, 8: 0.2}}, {32: 0.01}, {32: {1: 0.01}}, 0.001)
+    prof.save(tmp_path / "p.json")
+    assert main(["bench", "--reprice", str(out), "--costs", str(tmp_path / "p.json"), "--out",
+                 str(tmp_path / "r0")]) == 0
+    good = (out / "answers.jsonl").read_text()
+    recs = [json.loads(x) for x in good.splitlines()]
+    line = next(i for i, r in enumerate(recs) if r["method"] == "sd") + 1
+    assert recs[line - 1]["lossless"] is True
+
+    def edited(change) -> None:
+        rs = json.loads(json.dumps(recs))
+        change(rs[line - 1])
+        (out / "answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rs))
+
+    def no_choices(r):
+        del r["choices"]
+
+    def bad_call(r):
+        r["choices"][0]["calls"][0][0][1] = "3"
+
+    def bad_wall(r):
+        r["choices"][0]["wall_time"][0] = "0.5"
+
+    def flipped(r):
+        r["lossless"], r["divergence"] = False, {"turn": 0, "index": 0, "near_tie": True}
+
+    def other_ids(r):
+        r["choices"][0]["token_ids"][0][-1] += 1
+
+    for change, needle in [(no_choices, f":{line}: damaged answer record: choices is missing"),
+                           (bad_call, f":{line}: damaged answer record: choices[0].calls"),
+                           (bad_wall, f":{line}: damaged answer record: choices[0].wall_time"),
+                           (flipped, "says lossless: false, but its token ids equal ar's"),
+                           (other_ids, "says lossless: true, but its token ids differ from ar's")]:
+        edited(change)
+        before = (out / "answers.jsonl").read_text()
+        for args in (["--report-only", "--out", str(out)], ["--recheck-lossless", "--out", str(out)],
+                     ["--reprice", str(out), "--costs", str(tmp_path / "p.json"), "--out", str(tmp_path / "r1")]):
+            capsys.readouterr()
+            assert main(["bench", *args]) == 2, (change.__name__, args)
+            err = capsys.readouterr().err.strip()
+            assert needle in err and "\n" not in err and "Traceback" not in err, err
+            assert (out / "answers.jsonl").read_text() == before and not (tmp_path / "r1").exists()
+    (out / "answers.jsonl").write_text(good)
+    assert main(["bench", "--report-only", "--out", str(out)]) == 0
+
+
 # ------------------------------------------------------------------------------ runs on the tiny pair
 QUESTIONS = [data.Question("t", "1", "code", ("def f(x):\n",), chat=False),
              data.Question("t", "2", "chat", ("Say hi.", "Again."))]

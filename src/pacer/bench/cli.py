@@ -234,11 +234,16 @@ def _write_meta(out: Path, meta: dict) -> None:
     atomic_write_text(out / "run.json", json.dumps({**meta, "sha256": _meta_sha256(meta)}, indent=2) + "\n")
 
 
+def _greedy(meta: dict) -> bool | None:
+    """Whether the run in ``meta`` (run.json) decoded greedily (``None``: no run.json to say)."""
+    return not meta.get("temperature") if meta else None
+
+
 def _report(out: Path, specs_labels: list[str], meta: dict) -> dict:
     from . import records as rec_io
     from .report import write_report
 
-    records, _ = rec_io.read_answers(out / "answers.jsonl")
+    records, _ = rec_io.read_answers(out / "answers.jsonl", greedy=_greedy(meta))
     labels = list(dict.fromkeys([*specs_labels, *(r["method"] for r in records)]))
     meta = {**meta, "updated": _dt.datetime.now().isoformat(timespec="seconds")}
     return write_report(out, records, labels, meta)
@@ -274,7 +279,7 @@ def reprice(run: Path, costs: Path | None, out: Path) -> int:
     notes = prof.check_pair(meta.get("backend", ""), {"fingerprint": meta.get("target_fingerprint"),
                                                       "dtype": meta.get("target_weights")}, draft)
     was = meta.get("profile_clock") or {}
-    records, _ = rec_io.read_answers(run / "answers.jsonl")
+    records, _ = rec_io.read_answers(run / "answers.jsonl", greedy=_greedy(meta))
     priced = 0
     for rec in records:
         c = rec["choices"][0]
@@ -327,7 +332,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                              "than --out")
         if not (out / "answers.jsonl").exists():
             raise PacerError(f"--export-specbench: {out / 'answers.jsonl'} does not exist")
-        files = export(rec_io.read_answers(out / "answers.jsonl")[0], args.export_specbench)
+        files = export(rec_io.read_answers(out / "answers.jsonl", greedy=_greedy(_read_meta(out)))[0],
+                       args.export_specbench)
         print(f"pacer bench: {len(files)} Spec-Bench answer file(s) in {args.export_specbench}")
         return 0
     if args.report_only:
@@ -458,7 +464,7 @@ def recheck_lossless(out: Path) -> int:
     run_args.draft_vocab = parse(run_args.draft_vocab)
     _validate(run_args)
     questions = {q.key: q for q in load_questions(run_args)}
-    records = rec_io.repair(out / "answers.jsonl")
+    records = rec_io.repair(out / "answers.jsonl", greedy=_greedy(meta))
     ar = {(r["dataset"], r["question_id"], r.get("repeat", 0)): r for r in records if r["method"] == "ar"}
     todo = [r for r in records if r.get("lossless") is False]
     if not todo:

@@ -230,7 +230,7 @@ class Bench:
         self.max_new_tokens = max_new_tokens
         self.repeats = repeats
         self.progress = progress
-        self.records = rec_io.repair(self.path)
+        self.records = rec_io.repair(self.path, greedy=sampling is None)
         self.done = {rec_io.record_key(r): r for r in self.records}
         want = {(q.dataset, q.question_id): question_sha256(q) for q in questions}
         for r in self.records:  # records made before question_sha256 existed cannot be checked
