@@ -44,9 +44,14 @@ def make_parts(
     )
 
 
+def is_lock(f: Path) -> bool:
+    """``$PACER_HOME/.lock`` (every pacer process holds it while it runs) or an entry's ``.<name>.lock``."""
+    return f.name.startswith(".") and f.name.endswith(".lock")
+
+
 def files_under(p: Path) -> list[str]:
-    """Files below ``p`` (without ``$PACER_HOME/.lock``, the lock every pacer process holds while it runs)."""
-    return sorted(str(f.relative_to(p)) for f in p.rglob("*") if f.is_file() and f.name != ".lock") \
+    """Files below ``p``, without lock files (:func:`is_lock`)."""
+    return sorted(str(f.relative_to(p)) for f in p.rglob("*") if f.is_file() and not is_lock(f)) \
         if p.exists() else []
 
 
@@ -380,7 +385,7 @@ def test_a_damaged_converted_cache_is_never_loaded(tmp_path, monkeypatch, capsys
     gguf.write_bytes(b"stands for a GGUF file")
     ref = logits(load_model(str(gguf), "float32"))
     assert len(calls) == 1
-    (cache,) = (tmp_path / "home" / "models").iterdir()
+    (cache,) = (p for p in (tmp_path / "home" / "models").iterdir() if not is_lock(p))
     assert (cache / pacer_cache.MANIFEST).exists() and pacer_cache.Manifest(cache).check(full=True) is None
     load_model(str(gguf), "float32")
     assert len(calls) == 1  # verified, not converted again
@@ -493,3 +498,96 @@ def test_folder_fingerprint_hashes_the_weights_and_remembers(tmp_path, saved_pai
     monkeypatch.setattr(pacer_cache, "sha256_file", lambda p, *k: hashed.append(p) or real(p, *k))
     models.folder_fingerprint(copy)
     assert hashed == []  # remembered by path, size and mtime
+
+
+DRIVER = r'''
+import json, sys, time
+from pathlib import Path
+
+import torch
+
+from pacer import gguf as pacer_gguf, models
+from pacer.tiny import tiny_pair
+
+work, me = Path(sys.argv[1]), sys.argv[2]
+real_load, conversions = models._load_folder, []
+
+
+def dequantize(gguf, out_dir, dtype):  # a conversion that takes a while
+    conversions.append(me)
+    time.sleep(1.0)
+    t, _ = tiny_pair()
+    t.model.save_pretrained(out_dir)
+    t.tokenizer.save_pretrained(out_dir)
+
+
+def load_slowly(folder, dtype):  # a big model's load: the folder must stay as it was all along
+    inode, names = folder.stat().st_ino, sorted(p.name for p in folder.iterdir())
+    time.sleep(4.0)
+    assert folder.stat().st_ino == inode, "the folder was replaced while this process loaded it"
+    assert sorted(p.name for p in folder.iterdir()) == names, "the folder changed while this process loaded it"
+    return real_load(folder, dtype)
+
+
+pacer_gguf._dequantize, models._load_folder = dequantize, load_slowly
+(work / f"ready-{me}").touch()
+while not (work / "go").exists():
+    time.sleep(0.01)
+lm = models.load_model(str(work / "tiny.gguf"), "float32")
+with torch.no_grad():
+    out = lm.model(input_ids=torch.tensor([[5, 6, 7, 8]])).logits
+print(json.dumps({"conversions": len(conversions), "logits": out.flatten()[:8].tolist()}))
+'''
+
+
+def test_two_first_loads_of_one_model_at_once_both_succeed(tmp_path):
+    """Two processes load the same GGUF file for the first time at the same moment (a conversion that takes a
+    second, a load that takes four): it is converted once, the other process waits and loads that conversion,
+    neither sees its folder replaced while it loads, both get the same weights, and the cache is whole
+    afterwards with no temporary folder left (the later conversion used to delete the folder the other loaded)."""
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "tiny.gguf").write_bytes(b"stands for a GGUF file")
+    (tmp_path / "driver.py").write_text(DRIVER)
+    env = {**os.environ, "PACER_HOME": str(tmp_path / "home")}
+    procs = [subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(tmp_path), me], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for me in "ab"]
+    deadline = time.monotonic() + 240
+    while not all((tmp_path / f"ready-{me}").exists() for me in "ab"):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+        time.sleep(0.05)
+    (tmp_path / "go").touch()
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert sorted(r["conversions"] for r in results) == [0, 1]
+    assert results[0]["logits"] == results[1]["logits"]
+    models_dir = tmp_path / "home" / "models"
+    (cache,) = (p for p in models_dir.iterdir() if not is_lock(p))
+    assert pacer_cache.Manifest(cache).check(full=True) is None
+    assert not [p for p in models_dir.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_two_assemblies_of_one_gguf_at_once_make_it_once(tmp_path, monkeypatch):
+    """Two first uses of the default pair's GGUF at once (threads here: the lock is a file lock, between open
+    files): one assembles it, the other waits and finds it made and verified."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    spec = make_parts(tmp_path / "site", monkeypatch)
+    home, calls, real = tmp_path / "home", [], pacer_gguf._assemble
+
+    def slowly(*args):
+        calls.append(1)
+        time.sleep(0.5)
+        return real(*args)
+
+    monkeypatch.setattr(pacer_gguf, "_assemble", slowly)
+    with ThreadPoolExecutor(2) as ex:
+        outs = list(ex.map(lambda _: assemble_gguf(spec, home, progress=False), range(2)))
+    assert len(calls) == 1 and outs[0] == outs[1] and outs[0].read_bytes() == b"".join(CHUNKS)
+    assert files_under(home) == ["gguf/fake-model.gguf", "gguf/fake-model.gguf.record.json"]

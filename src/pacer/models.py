@@ -209,8 +209,8 @@ def load_hf(spec: str, dtype: str = "bfloat16", home: Path | None = None, progre
         g = DEFAULT_NAMES[spec]
         cache_dir = home / "models" / f"{g.name}-{dtype}"
         sweep_stale(home)
-        cached_conversion(lambda: assemble_gguf(g, home, progress), cache_dir, torch_dtype)
-        model, tok = _load_folder(cache_dir, torch_dtype)
+        model, tok = cached_conversion(lambda: assemble_gguf(g, home, progress), cache_dir, torch_dtype,
+                                       lambda folder: _load_folder(folder, torch_dtype))
         return LoadedModel(model, tok, spec, g.sha256, torch_dtype)
     path = Path(spec).expanduser()
     if not path.exists():
@@ -223,8 +223,8 @@ def load_hf(spec: str, dtype: str = "bfloat16", home: Path | None = None, progre
         digest = file_sha256(path, home)
         cache_dir = home / "models" / f"{path.stem}-{digest[:16]}-{dtype}"
         sweep_stale(home)
-        cached_conversion(lambda: path, cache_dir, torch_dtype)
-        model, tok = _load_folder(cache_dir, torch_dtype)
+        model, tok = cached_conversion(lambda: path, cache_dir, torch_dtype,
+                                       lambda folder: _load_folder(folder, torch_dtype))
         return LoadedModel(model, tok, str(path), digest, torch_dtype)
     if not (path / "config.json").exists():
         raise PacerError(
