@@ -439,13 +439,22 @@ def test_report_reprice_and_recheck_refuse_a_hand_edited_answers_file(tmp_path, 
                  str(tmp_path / "r0")]) == 0
     good = (out / "answers.jsonl").read_text()
     recs = [json.loads(x) for x in good.splitlines()]
+    assert all(r["sha256"] == rec_io.digest(r) for r in recs) and meta["answers_signed"]
     line = next(i for i, r in enumerate(recs) if r["method"] == "sd") + 1
     assert recs[line - 1]["lossless"] is True
 
-    def edited(change) -> None:
+    def edited(change, unsigned: bool = False) -> None:
+        """``change`` made by hand to the sd record; ``unsigned``: in a run made before records carried checksums
+        (none has one, run.json does not say they do), where the verdicts are still recomputed."""
+        from pacer.bench.cli import _read_meta, _write_meta
+
         rs = json.loads(json.dumps(recs))
         change(rs[line - 1])
+        if unsigned:
+            for r in rs:
+                r.pop("sha256")
         (out / "answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rs))
+        _write_meta(out, {**_read_meta(out), "answers_signed": not unsigned})
 
     def no_choices(r):
         del r["choices"]
@@ -462,12 +471,23 @@ def test_report_reprice_and_recheck_refuse_a_hand_edited_answers_file(tmp_path, 
     def other_ids(r):
         r["choices"][0]["token_ids"][0][-1] += 1
 
-    for change, needle in [(no_choices, f":{line}: damaged answer record: choices is missing"),
-                           (bad_call, f":{line}: damaged answer record: choices[0].calls"),
-                           (bad_wall, f":{line}: damaged answer record: choices[0].wall_time"),
-                           (flipped, "says lossless: false, but its token ids equal ar's"),
-                           (other_ids, "says lossless: true, but its token ids differ from ar's")]:
-        edited(change)
+    def faster(r):  # a plausible wall time: only the checksum tells
+        r["choices"][0]["wall_time"][0] /= 2
+
+    def unsigned(r):
+        del r["sha256"]
+
+    changed = f":{line}: answer record changed by hand (its sha256 does not match its content)"
+    for change, old, needle in [
+            (no_choices, False, f":{line}: damaged answer record: choices is missing"),
+            (bad_call, False, f":{line}: damaged answer record: choices[0].calls"),
+            (bad_wall, False, f":{line}: damaged answer record: choices[0].wall_time"),
+            (flipped, False, changed), (other_ids, False, changed), (faster, False, changed),
+            (unsigned, False, f":{line}: answer record changed by hand (no sha256, which every record of this run "
+                              f"carries)"),
+            (flipped, True, "says lossless: false, but its token ids equal ar's"),
+            (other_ids, True, "says lossless: true, but its token ids differ from ar's")]:
+        edited(change, old)
         before = (out / "answers.jsonl").read_text()
         for args in (["--report-only", "--out", str(out)], ["--recheck-lossless", "--out", str(out)],
                      ["--reprice", str(out), "--costs", str(tmp_path / "p.json"), "--out", str(tmp_path / "r1")]):
@@ -476,6 +496,10 @@ def test_report_reprice_and_recheck_refuse_a_hand_edited_answers_file(tmp_path, 
             err = capsys.readouterr().err.strip()
             assert needle in err and "\n" not in err and "Traceback" not in err, err
             assert (out / "answers.jsonl").read_text() == before and not (tmp_path / "r1").exists()
+    # a line appearing twice
+    (out / "answers.jsonl").write_text(good + good.splitlines(keepends=True)[line - 1])
+    assert main(["bench", "--report-only", "--out", str(out)]) == 2
+    assert f"appears twice (line {line} too)" in capsys.readouterr().err
     (out / "answers.jsonl").write_text(good)
     assert main(["bench", "--report-only", "--out", str(out)]) == 0
 
@@ -763,9 +787,9 @@ def test_recheck_lossless_rediagnoses_recorded_differences(tmp_path, capsys, mon
     bad = [r for r in recs if r["lossless"] is False]
     assert len(bad) == 2 and all(r["divergence"]["near_tie"] is False for r in bad)
     fresh = [dict(r["divergence"]) for r in bad]
-    for r in bad:  # what an older criterion might have written
+    for r in bad:  # what an older criterion might have written (pacer signs what it writes)
         r["divergence"] = {"turn": 0, "index": 3, "top2_gap": 0.1, "near_tie": True}
-    (out / "answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (out / "answers.jsonl").write_text("".join(json.dumps(rec_io.sign(r)) + "\n" for r in recs))
     capsys.readouterr()
     assert main(["bench", "--recheck-lossless", "--out", str(out)]) == 0
     assert "rechecked 2 differing output(s)" in capsys.readouterr().out
@@ -970,7 +994,7 @@ def test_quick_profile_clock(tmp_path, capsys):
     for r in recs:
         if r["method"] == "ouroboros":  # as an anchor's: priced on no clock
             del r["choices"][0]["profile_time"], r["choices"][0]["own_time"]
-        kept.append(json.dumps(r))
+        kept.append(json.dumps(rec_io.sign(r)))
     (tmp_path / "b5" / "answers.jsonl").write_text("\n".join(kept) + "\n")
     assert main(["bench", "--reprice", str(tmp_path / "b5"), "--costs", str(tmp_path / "x2.json"), "--out",
                  str(tmp_path / "b6")]) == 0

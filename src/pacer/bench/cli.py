@@ -239,11 +239,18 @@ def _greedy(meta: dict) -> bool | None:
     return not meta.get("temperature") if meta else None
 
 
-def _report(out: Path, specs_labels: list[str], meta: dict) -> dict:
+def _answers(out: Path, meta: dict) -> list[dict]:
+    """The records of the run in ``out`` whose run.json is ``meta``, read by the checked reader
+    (:func:`pacer.bench.records.read_answers`: its verdicts by how it decoded, each record's checksum)."""
     from . import records as rec_io
+
+    return rec_io.read_answers(out / "answers.jsonl", _greedy(meta), bool(meta.get("answers_signed")))[0]
+
+
+def _report(out: Path, specs_labels: list[str], meta: dict) -> dict:
     from .report import write_report
 
-    records, _ = rec_io.read_answers(out / "answers.jsonl", greedy=_greedy(meta))
+    records = _answers(out, meta)
     labels = list(dict.fromkeys([*specs_labels, *(r["method"] for r in records)]))
     meta = {**meta, "updated": _dt.datetime.now().isoformat(timespec="seconds")}
     return write_report(out, records, labels, meta)
@@ -258,7 +265,7 @@ def reprice(run: Path, costs: Path | None, out: Path) -> int:
     is refused in one line before OUT is written; OUT is built aside and appears whole."""
     import shutil
 
-    from ..io import atomic_write_text, check_out_dir
+    from ..io import check_out_dir
     from ..profiles import Profile, clock_recorded
     from . import records as rec_io
 
@@ -279,7 +286,7 @@ def reprice(run: Path, costs: Path | None, out: Path) -> int:
     notes = prof.check_pair(meta.get("backend", ""), {"fingerprint": meta.get("target_fingerprint"),
                                                       "dtype": meta.get("target_weights")}, draft)
     was = meta.get("profile_clock") or {}
-    records, _ = rec_io.read_answers(run / "answers.jsonl", greedy=_greedy(meta))
+    records = _answers(run, meta)
     priced = 0
     for rec in records:
         c = rec["choices"][0]
@@ -304,7 +311,7 @@ def reprice(run: Path, costs: Path | None, out: Path) -> int:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        atomic_write_text(tmp / "answers.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+        rec_io.write_all(tmp / "answers.jsonl", records)
         _write_meta(tmp, meta)
         summary = _report(tmp, meta.get("methods", []), meta)
         if out.exists():
@@ -323,7 +330,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     out: Path = args.out
     if args.export_specbench is not None:
         from ..io import check_out_dir
-        from . import records as rec_io
         from .specbench import export
 
         check_out_dir(args.export_specbench, "--export-specbench")  # before anything is read or written
@@ -332,8 +338,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                              "than --out")
         if not (out / "answers.jsonl").exists():
             raise PacerError(f"--export-specbench: {out / 'answers.jsonl'} does not exist")
-        files = export(rec_io.read_answers(out / "answers.jsonl", greedy=_greedy(_read_meta(out)))[0],
-                       args.export_specbench)
+        files = export(_answers(out, _read_meta(out)), args.export_specbench)
         print(f"pacer bench: {len(files)} Spec-Bench answer file(s) in {args.export_specbench}")
         return 0
     if args.report_only:
@@ -450,7 +455,6 @@ def recheck_lossless(out: Path) -> int:
     :class:`pacer.decoding.Divergence` criterion. The prompts are rebuilt as the run built them (the question,
     the chat template and, for later turns, the method's own earlier answers); the answers file is rewritten
     atomically, then the report."""
-    from ..io import atomic_write_text
     from . import records as rec_io
     from .runner import check_lossless, recorded_turns
 
@@ -464,7 +468,7 @@ def recheck_lossless(out: Path) -> int:
     run_args.draft_vocab = parse(run_args.draft_vocab)
     _validate(run_args)
     questions = {q.key: q for q in load_questions(run_args)}
-    records = rec_io.repair(out / "answers.jsonl", greedy=_greedy(meta))
+    records = rec_io.repair(out / "answers.jsonl", _greedy(meta), bool(meta.get("answers_signed")))
     ar = {(r["dataset"], r["question_id"], r.get("repeat", 0)): r for r in records if r["method"] == "ar"}
     todo = [r for r in records if r.get("lossless") is False]
     if not todo:
@@ -483,7 +487,7 @@ def recheck_lossless(out: Path) -> int:
         ok, div = check_lossless(dec, recorded_turns(dec, questions[key], r), ref)
         changed += div != r.get("divergence")
         r["lossless"], r["divergence"] = ok, div
-    atomic_write_text(out / "answers.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    rec_io.write_all(out / "answers.jsonl", records)
     meta["lossless_rechecked"] = {"when": _dt.datetime.now().isoformat(timespec="seconds"),
                                   "git_commit": _git("rev-parse", "HEAD") or "unknown",
                                   "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
@@ -589,6 +593,8 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
         "transformers": transformers.__version__,
         "cpu": describe_cpu(),
         "cpu_identity": cpu_identity(),
+        # every record of a run started by this pacer carries its checksum (records.sign): one without is refused
+        "answers_signed": not previous or bool(previous.get("answers_signed")),
     }
     if getattr(args, "threshold_notes", None):
         meta["thresholds"] = args.threshold_notes
@@ -618,7 +624,7 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
 
     sampling = SamplingConfig(args.temperature, seed=args.seed) if args.temperature > 0 else None
     bench = Bench(dec, specs, questions, out, args.max_new_tokens, args.repeats, args.progress, sampling, clocks,
-                  decoders)
+                  decoders, signed=meta["answers_signed"])
     total, finished = bench.units()
     if finished:
         log(f"pacer bench: resuming, {finished}/{total} runs already in {out / 'answers.jsonl'}")

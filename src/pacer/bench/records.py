@@ -6,14 +6,17 @@ one. A bad line anywhere else means the file was edited by hand or damaged: that
 line.
 
 :func:`read_answers` is the one checked reader of the file: every record's fields are of the type and shape the
-report, ``--reprice``, ``--recheck-lossless`` and the Spec-Bench export read (:func:`check_record`), and no
-record's ``lossless`` verdict is taken on trust: it is recomputed from the token ids against ``ar``'s
-(:func:`check_verdicts`), so a verdict edited by hand (answers.jsonl has no checksum: it grows line by line while a
-run appends to it) is refused.
+report, ``--reprice``, ``--recheck-lossless`` and the Spec-Bench export read (:func:`check_record`); each record
+carries the sha256 of the rest of itself (``sha256``, :func:`sign`: a per-line checksum, so that a run appending
+line by line keeps the file valid), which must match, and a run whose ``run.json`` says its records are signed
+(``answers_signed``) has no record without one; no key appears twice; and no record's ``lossless`` verdict is taken
+on trust: it is recomputed from the token ids against ``ar``'s (:func:`check_verdicts`), which also covers the
+records of runs made before the checksum existed. A record edited by hand is refused in one line.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -28,8 +31,24 @@ from ..io import atomic_write_text
 AR, ANCHOR = "ar", "ar@llamacpp"
 
 
+#: the field holding a record's checksum
+DIGEST = "sha256"
+
+
 class BadRecord(PacerError):
     """An answer record that cannot be read as pacer wrote it; the message names the field."""
+
+
+def digest(rec: dict) -> str:
+    """The sha256 of a record without its own checksum (canonical JSON)."""
+    return hashlib.sha256(json.dumps({k: v for k, v in rec.items() if k != DIGEST}, sort_keys=True).encode()) \
+        .hexdigest()
+
+
+def sign(rec: dict) -> dict:
+    """``rec`` with the checksum of its content (every record pacer writes carries one)."""
+    rec[DIGEST] = digest(rec)
+    return rec
 
 
 def record_key(rec: dict) -> tuple[str, str, str, int]:
@@ -84,7 +103,7 @@ def check_record(rec: Any) -> dict:
         raise BadRecord(f"question_id is {_show(rec.get('question_id'))} (want a string)")
     if not _is_int(rec.get("repeat", 0)):
         raise BadRecord(f"repeat is {_show(rec.get('repeat'))} (want an integer >= 0)")
-    for key in ("answer_id", "model_id", "question_sha256"):
+    for key in ("answer_id", "model_id", "question_sha256", DIGEST):
         if key in rec and not isinstance(rec[key], str):
             raise BadRecord(f"{key} is {_show(rec[key])} (want a string)")
     if not isinstance(rec.get("lossless"), bool | None) or not isinstance(rec.get("divergence"), dict | None):
@@ -169,15 +188,17 @@ def check_verdicts(records: list[dict], greedy: bool | None = None) -> str | Non
     return None
 
 
-def read_answers(path: Path, greedy: bool | None = None) -> tuple[list[dict], bool]:
-    """``(records, torn)``: every complete record, each checked (:func:`check_record`) and the verdicts with them
-    (:func:`check_verdicts`; ``greedy`` as there); ``torn`` is True when a torn last line was skipped."""
+def read_answers(path: Path, greedy: bool | None = None, signed: bool = False) -> tuple[list[dict], bool]:
+    """``(records, torn)``: every complete record, each checked (:func:`check_record`, its checksum; ``signed``:
+    each must carry one) and the verdicts with them (:func:`check_verdicts`; ``greedy`` as there); ``torn`` is True
+    when a torn last line was skipped."""
     path = Path(path)
     if not path.exists():
         return [], False
     text = path.read_text(encoding="utf-8", errors="replace")
     lines = text.split("\n")
     records: list[dict] = []
+    seen: dict[tuple, int] = {}
     torn = False
     for no, line in enumerate(lines, 1):
         if not line.strip():
@@ -194,6 +215,15 @@ def read_answers(path: Path, greedy: bool | None = None) -> tuple[list[dict], bo
                                  f"line") from None
             raise PacerError(f"{path}:{no}: damaged answer record ({e}); remove that line to resume") \
                 from None
+        want = rec.get(DIGEST)
+        if (want is None and signed) or (want is not None and want != digest(rec)):
+            raise PacerError(f"{path}:{no}: answer record changed by hand ("
+                             + ("its sha256 does not match its content" if want else "no sha256, which every record "
+                                "of this run carries") + "); restore the file or start a new --out")
+        if record_key(rec) in seen:
+            raise PacerError(f"{path}:{no}: answer record {'/'.join(map(str, record_key(rec)))} appears twice (line "
+                             f"{seen[record_key(rec)]} too); restore the file or start a new --out")
+        seen[record_key(rec)] = no
         if last:  # a complete JSON object without its newline still counts as torn (kill between the two)
             torn = True
         records.append(rec)
@@ -202,18 +232,24 @@ def read_answers(path: Path, greedy: bool | None = None) -> tuple[list[dict], bo
     return records, torn
 
 
-def repair(path: Path, greedy: bool | None = None) -> list[dict]:
+def repair(path: Path, greedy: bool | None = None, signed: bool = False) -> list[dict]:
     """Read the answers (:func:`read_answers`) and, if the last line is torn, rewrite the file without it
     (atomically)."""
-    records, torn = read_answers(path, greedy)
+    records, torn = read_answers(path, greedy, signed)
     if torn:
-        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in records))
+        write_all(path, records)
     return records
 
 
+def write_all(path: Path, records: list[dict]) -> None:
+    """Write ``records`` as the answers file, atomically, each signed (:func:`sign`): a rewrite by pacer (a torn
+    line dropped, a run re-priced or its divergences re-diagnosed) of records its reader accepted."""
+    atomic_write_text(path, "".join(json.dumps(sign(r)) + "\n" for r in records))
+
+
 def append(path: Path, rec: dict) -> None:
-    """Append one record as a line and make it durable (flush + fsync) before returning."""
-    line = json.dumps(rec) + "\n"
+    """Append one record, signed (:func:`sign`), as a line and make it durable (flush + fsync) before returning."""
+    line = json.dumps(sign(rec)) + "\n"
     with open(path, "a", encoding="utf-8") as f:
         f.write(line)
         f.flush()

@@ -215,7 +215,7 @@ class Bench:
     def __init__(self, dec, specs: list[MethodSpec], questions: list[Question], out: Path,
                  max_new_tokens: int, repeats: int = 1, progress: bool = True,
                  sampling: SamplingConfig | None = None, clocks: dict | None = None,
-                 decoders: dict | None = None) -> None:
+                 decoders: dict | None = None, signed: bool = False) -> None:
         """``clocks``: name -> :class:`pacer.profiles.Profile`; each record gets ``NAME_time`` per turn, its
         forwards priced with that profile plus its own overhead (``profile``: the ``--costs`` profile, ``own``:
         this machine's calibration, which validates the pricing against the wall clock)."""
@@ -230,7 +230,7 @@ class Bench:
         self.max_new_tokens = max_new_tokens
         self.repeats = repeats
         self.progress = progress
-        self.records = rec_io.repair(self.path, greedy=sampling is None)
+        self.records = rec_io.repair(self.path, sampling is None, signed)  # signed: see records.read_answers
         self.done = {rec_io.record_key(r): r for r in self.records}
         want = {(q.dataset, q.question_id): question_sha256(q) for q in questions}
         for r in self.records:  # records made before question_sha256 existed cannot be checked
