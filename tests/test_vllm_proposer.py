@@ -203,6 +203,10 @@ def test_given_costs_objects_are_checked_too():
         load_costs(Costs(draft=0.0, target={1: 1.0, 8: float("nan")}))
     with pytest.raises(PacerError, match="unusable"):
         load_costs(Profile("p", {}, "transformers", "", {}, None, {32: {}}, {}))  # a context row left empty
+    for bad in (Costs(draft=0.0, target={1: 1.0, 8: -1.0}), Profile("p", {}, "transformers", "", {}, None, {32: {}},
+                                                                        {})):
+        with pytest.raises(PacerError):
+            PacerPlanner(4, bad)  # the planner built directly checks them too
 
 
 def test_load_costs_from_a_file(tmp_path):

@@ -333,7 +333,7 @@ class PacerPlanner:
         max_idle = setting_count("max_idle", max_idle)
         max_len = None if max_len is None else setting_count("max_model_len", max_len)
         self.k, self.ngram, self.key_len, self.pool_size, self.max_len = k, ngram, key_len, pool_size, max_len
-        costs = costs or DEFAULT_COSTS
+        costs, _ = load_costs(costs)  # checked however they come (DEFAULT_COSTS for None)
         self.profile = costs if isinstance(costs, Profile) else None
         self._costs_at: dict[int, Costs] = {}
         self.costs = costs.monotone() if isinstance(costs, Costs) else self.costs_at(self.CONTEXT_STEP)
