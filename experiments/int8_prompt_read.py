@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from pacer import models, quantize
-from pacer.decoding import TransformersBackend
+from pacer.backends.transformers import TransformersBackend
 from pacer.machine import describe_cpu
 
 ROWS = (1, 4, 8, 12, 16, 32, 64, 170, 300)

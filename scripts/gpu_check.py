@@ -51,15 +51,9 @@ from pathlib import Path
 import torch
 
 from pacer import devices
+from pacer.backends.transformers import TransformersBackend
 from pacer.costs import Costs
-from pacer.decoding import (
-    ModelBackend,
-    Output,
-    TransformersBackend,
-    Tree,
-    autoregressive_generate,
-    speculative_generate,
-)
+from pacer.decoding import ModelBackend, Output, Tree, autoregressive_generate, speculative_generate
 from pacer.decoding.meter import DRAFT, TARGET, Call, metered
 from pacer.decoding.stats import GenerationStats
 from pacer.drafters.token import TokenDrafter

@@ -324,3 +324,51 @@ def test_no_backend_name_compared_outside_the_records():
 
 def test_no_module_below_the_api_refers_to_the_decoder():
     assert decoder_references() == [], "modules below the API take a pacer.pair.Pair, not the Decoder"
+
+
+# --------------------------------------------------------------------------------------------- the backends
+BACKENDS_DIR = SRC / ROOT / "backends"
+
+
+def _subclasses_of(tree: ast.AST, base: str) -> list[str]:
+    """Names of the classes in ``tree`` that list ``base`` (``base`` or ``x.base``) among their bases."""
+    return [n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and any(
+        (isinstance(b, ast.Name) and b.id == base) or (isinstance(b, ast.Attribute) and b.attr == base)
+        for b in n.bases)]
+
+
+def test_one_file_per_built_in_backend():
+    """Each built-in backend is one file of ``pacer/backends/`` named after its record, holding the record's
+    loader and version, its loaded-model class and its ``ModelBackend``; no other file of pacer defines a
+    loaded-model class, and every file there is a backend."""
+    import importlib
+    import inspect
+
+    from pacer import backends
+    from pacer.decoding.backend import ModelBackend
+    from pacer.models import LoadedModel
+
+    files = {p.stem for p in BACKENDS_DIR.glob("*.py")} - {"__init__"}
+    built_in = {n for n in backends.names() if backends.get(n).load.__module__.startswith(ROOT + ".")}
+    assert files == built_in == {"transformers", "llamacpp"}
+    for name in sorted(built_in):
+        mod = importlib.import_module(f"{ROOT}.backends.{name}")
+        record = backends.get(name)
+        assert record.load.__module__ == record.version.__module__ == mod.__name__
+        own = [c for c in vars(mod).values() if inspect.isclass(c) and c.__module__ == mod.__name__]
+        loaded = [c for c in own if issubclass(c, LoadedModel)]
+        assert loaded and all(c.backend == name for c in loaded), f"{name}: its loaded-model class"
+        assert any(issubclass(c, ModelBackend) for c in own), f"{name}: its ModelBackend"
+    elsewhere = {name: found for name, path in modules().items()
+                 if not name.startswith(f"{ROOT}.backends.")
+                 and (found := _subclasses_of(ast.parse(path.read_text()), "LoadedModel"))}
+    assert not elsewhere, f"loaded-model classes outside pacer/backends/: {elsewhere}"
+
+
+def test_models_is_backend_independent():
+    """``pacer.models`` (the loaded-model contract, threads, fingerprints, the tokenizer check) reaches neither the
+    decoding core nor any backend's file, directly or through another module."""
+    graph = import_graph()
+    bad = sorted(t for t in _reach(graph, f"{ROOT}.models")
+                 if t.startswith(f"{ROOT}.decoding") or t.startswith(f"{ROOT}.backends."))
+    assert not bad, f"pacer.models reaches {bad}"

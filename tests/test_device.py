@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from pacer import Decoder, PacerError, backends, devices, methods, models
+from pacer.backends.transformers import TransformersBackend
 from pacer.calibration import calibration_key, measure
 from pacer.costs import Costs
-from pacer.decoding import TransformersBackend
 from pacer.policies.learned import PacerPolicy, SpecDecPPPolicy
 from pacer.preverify.features import FeatureSpec
 from pacer.preverify.layer import PreVerifier, TokenHead

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from pacer import PacerError, SamplingConfig
+from pacer.backends.transformers import TransformersBackend
 from pacer.bench.methods import parse_methods
-from pacer.decoding import TransformersBackend
 from pacer.drafters import TokenDrafter
 from pacer.draftvocab import coverage, frequent_ids, load_or_build, special_ids
 from pacer.policies import DRAFT_FEATURES, FixedPolicy
@@ -265,7 +265,7 @@ def test_a_cached_draft_vocabulary_of_the_wrong_size_is_counted_again(close, tmp
 def test_backends_on_the_same_rows_share_one_restricted_head(close):
     """A drafter's backend lives for one generation: its restricted head is gathered once per (head, rows) and
     shared by the next backends (read-only), another row set gets its own, a replaced head weight its own."""
-    from pacer.decoding.hf_backend import TransformersBackend as Backend
+    from pacer.backends.transformers import TransformersBackend as Backend
 
     model = close.draft_info.model
     rows = torch.tensor(HALF)

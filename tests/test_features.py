@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from pacer import SamplingConfig
+from pacer.backends.transformers import TransformersBackend
 from pacer.costs import Costs
-from pacer.decoding import TransformersBackend
 from pacer.decoding.drafter import _features_torch, token_features
 from pacer.drafters import TokenDrafter
 from pacer.drafters.phrase import PhraseDrafter

@@ -18,10 +18,9 @@ import torch
 
 from conftest import FLAT
 from pacer import Decoder
+from pacer.backends.llamacpp import GgufModel, LlamaCppBackend, LlamaModel, lib
 from pacer.decoding import Tree
-from pacer.decoding.llama_backend import LlamaCppBackend, LlamaModel, lib
 from pacer.errors import PacerError
-from pacer.models import GgufModel
 from pacer.tiny import save_tiny_gguf, tiny_pair, tiny_tokenizer
 
 PROMPTS = ["hello world, this is", "def f(x):\n    return", "The 3 quick brown foxes"]
@@ -230,7 +229,8 @@ def test_a_build_with_llamas_amx_kernels_is_refused_before_it_crashes(files, mon
     """llama.cpp 0.3.36's AMX kernels die with an illegal instruction (no Python error, no message) on an AMX
     Xeon: a build that reports them is not used - ``auto`` takes PyTorch and says why, ``--backend llamacpp`` is a
     one-line error (exit 2) before any model loads - unless PACER_LLAMA_AMX=1 says it is known to work."""
-    from pacer import backends, models
+    from pacer import backends
+    from pacer.backends import llamacpp as models
 
     amx = b"CPU : AVX2 = 1 | AVX512 = 1 | AVX512_BF16 = 1 | AMX_INT8 = 1 | LLAMAFILE = 1 | "
     monkeypatch.delenv(models.LLAMA_AMX_ENV, raising=False)
@@ -246,7 +246,8 @@ def test_a_build_with_llamas_amx_kernels_is_refused_before_it_crashes(files, mon
     monkeypatch.setenv(models.LLAMA_AMX_ENV, "1")
     assert models.llama_amx_problem(amx) is None
     env = {**os.environ, models.LLAMA_AMX_ENV: "0"}
-    bad = ("import sys, pacer.models as m; m.llama_amx_problem = lambda info=None: 'built with AMX kernels'; "
+    bad = ("import sys, pacer.backends.llamacpp as m; "
+           "m.llama_amx_problem = lambda info=None: 'built with AMX kernels'; "
            "from pacer.cli import main; sys.exit(main())")
     r = subprocess.run([sys.executable, "-c", bad, "generate", "hi", "--backend", "llamacpp", "--target", t,
                         "--draft", d], capture_output=True, text=True, env=env, timeout=300)
@@ -288,7 +289,7 @@ def test_the_most_branches_over_two_rounds_leave_nothing_behind(dec):
     """Two rounds of a chain with MAX_BRANCHES (8) branches: every branch row equals scoring its own path, and
     after each round no branch sequence holds a cell (the 8th included), so the next round's branches see only
     the committed text."""
-    from pacer.decoding.llama_backend import MAX_BRANCHES
+    from pacer.backends.llamacpp import MAX_BRANCHES
 
     ll = lib()
     be = dec.target
@@ -314,7 +315,7 @@ def test_a_forward_over_several_batches_reads_each_batchs_own_rows(files, monkey
     """A forward longer than llama.cpp's batch is fed in batches; every row read (logits and hidden states) is
     the row of its own batch: the same as one batch, and a 600-token prompt (two batches of 512) the same as two
     forwards of 300."""
-    import pacer.decoding.llama_backend as lb
+    import pacer.backends.llamacpp as lb
 
     model = LlamaModel(files[0])
     ids = [(7 * i + 3) % 250 + 3 for i in range(40)]
@@ -340,7 +341,7 @@ def test_forward_view_reads_llamas_own_buffer_where_it_can(files, monkeypatch):
     rows; and the loop reads it only before the next forward (every method still equals ``ar``: above)."""
     import ctypes
 
-    import pacer.decoding.llama_backend as lb
+    import pacer.backends.llamacpp as lb
 
     def in_llama(t: torch.Tensor, b: LlamaCppBackend, batch_row: int) -> bool:
         at = ctypes.cast(b._lib.llama_get_logits_ith(b._ctx, batch_row), ctypes.c_void_p).value

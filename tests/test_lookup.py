@@ -10,10 +10,10 @@ import torch
 
 from conftest import FLAT
 from pacer import Decoder, SamplingConfig
+from pacer.backends.transformers import TransformersModel
 from pacer.decoding import Output, speculative_generate
 from pacer.decoding.stats import GenerationStats
 from pacer.drafters.lookup import LookupDrafter
-from pacer.models import LoadedModel
 from pacer.policies import LookupPolicy
 from pacer.tiny import save_tiny_pair, tiny_pair
 from test_backend import FakeBackend, V
@@ -64,7 +64,7 @@ def test_lookup_sampling_matches_the_target_distribution():
     """A deterministic proposal (``q`` one-hot at the looked-up token) under rejection sampling: the first two
     tokens' joint distribution is the target's exactly (chi-square over 2500 seeds)."""
     target = _small_target()
-    dec = Decoder(LoadedModel(target, None, "t", "t", torch.float32), None, threads=1)
+    dec = Decoder(TransformersModel(target, None, "t", "t", torch.float32), None, threads=1)
     dec.eos.clear()
     prompt = PROMPT + PROMPT + PROMPT[:2]  # ... 1 4: the lookup proposes 2 7 1 4 ...
     cfg = SamplingConfig(temperature=1.0)

@@ -507,10 +507,11 @@ from pathlib import Path
 import torch
 
 from pacer import gguf as pacer_gguf, models
+from pacer.backends import transformers as hf
 from pacer.tiny import tiny_pair
 
 work, me = Path(sys.argv[1]), sys.argv[2]
-real_load, conversions = models._load_folder, []
+real_load, conversions = hf._load_folder, []
 
 
 def dequantize(gguf, out_dir, dtype):  # a conversion that takes a while
@@ -529,7 +530,7 @@ def load_slowly(folder, dtype):  # a big model's load: the folder must stay as i
     return real_load(folder, dtype)
 
 
-pacer_gguf._dequantize, models._load_folder = dequantize, load_slowly
+pacer_gguf._dequantize, hf._load_folder = dequantize, load_slowly
 (work / f"ready-{me}").touch()
 while not (work / "go").exists():
     time.sleep(0.01)

@@ -7,8 +7,9 @@ import sys
 import pytest
 import torch
 
+from pacer.backends.transformers import TransformersBackend
 from pacer.costs import Costs
-from pacer.decoding import Draft, TransformersBackend, Tree
+from pacer.decoding import Draft, Tree
 from pacer.drafters import TokenDrafter
 from pacer.drafters.phrase import PhraseDrafter, PhrasePool, clear_shared_pools
 from pacer.errors import PacerError

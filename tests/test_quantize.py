@@ -4,8 +4,9 @@ for every method, and sampling keeps the target's distribution (chi-square). An 
 import pytest
 import torch
 
-from pacer import Decoder, machine
+from pacer import Decoder
 from pacer import calibration as cal_mod
+from pacer.backends import transformers as hf
 from pacer.quantize import Int8Linear, quantize_int8
 from pacer.sampling import SamplingConfig
 from pacer.tiny import tiny_pair
@@ -141,12 +142,12 @@ def test_auto_draft_quant_is_measured_once_and_cached(tmp_path, monkeypatch):
 
     monkeypatch.setattr(cal_mod, "_timed", timed)
     t, d = tiny_pair("close")
-    assert cal_mod.choose_draft_quant(d) == "int8"
+    assert hf.choose_draft_quant(d) == "int8"
     n = len(calls)
-    assert cal_mod.choose_draft_quant(d) == "int8" and len(calls) == n  # cached
+    assert hf.choose_draft_quant(d) == "int8" and len(calls) == n  # cached
     monkeypatch.setattr(cal_mod, "_timed", lambda cm, tokens, base: 1.0)  # equal speed: keep the draft as is
     monkeypatch.setattr(torch, "get_num_threads", lambda: 7)  # another key
-    assert cal_mod.choose_draft_quant(d) == "none"
+    assert hf.choose_draft_quant(d) == "none"
     assert not isinstance(d.model.get_decoder().layers[0].mlp.up_proj, Int8Linear)  # measured on a copy
 
 
@@ -165,7 +166,7 @@ def _fake_linear(monkeypatch, times: dict[str, tuple[float, float]]) -> list[str
         calls.append(dtype)
         return times[dtype]
 
-    monkeypatch.setattr(machine, "linear_times", fake)
+    monkeypatch.setattr(hf, "linear_times", fake)
     return calls
 
 
@@ -175,20 +176,20 @@ def test_dtype_auto_picks_the_dtype_that_prices_faster_and_caches_it(tmp_path, m
     monkeypatch.setenv("PACER_HOME", str(tmp_path))
     avx2 = {"bfloat16": (0.008, 0.105), "float32": (0.0045, 0.060)}  # as timed on the EPYC (Zen 3)
     calls = _fake_linear(monkeypatch, avx2)
-    assert machine.choose_dtype("cpu")[0] == "float32"
-    assert machine.choose_dtype("cpu")[0] == "float32" and len(calls) == 2  # cached: not timed again
+    assert hf.choose_dtype("cpu")[0] == "float32"
+    assert hf.choose_dtype("cpu")[0] == "float32" and len(calls) == 2  # cached: not timed again
     monkeypatch.setattr(torch, "get_num_threads", lambda: 7)  # another key: timed again
     calls = _fake_linear(monkeypatch, {"bfloat16": (0.004, 0.030), "float32": (0.0045, 0.060)})  # AVX-512 BF16
-    choice, why = machine.choose_dtype("cpu")
+    choice, why = hf.choose_dtype("cpu")
     assert choice == "bfloat16" and len(calls) == 2 and "float32" in why
     monkeypatch.setattr(torch, "get_num_threads", lambda: 5)
     calls = _fake_linear(monkeypatch, {"bfloat16": (0.010, 0.100), "float32": (0.0095, 0.095)})  # 5%: not enough
-    assert machine.choose_dtype("cpu")[0] == "bfloat16"
+    assert hf.choose_dtype("cpu")[0] == "bfloat16"
     for f in (tmp_path / "calibration").glob("*.json"):
         f.write_text("{not json")
     calls = _fake_linear(monkeypatch, avx2)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 7)
-    assert machine.choose_dtype("cpu")[0] == "float32" and len(calls) == 2  # corrupt cache: measured again
+    assert hf.choose_dtype("cpu")[0] == "float32" and len(calls) == 2  # corrupt cache: measured again
 
 
 def test_dtype_auto_on_cuda_is_bf16_where_native(monkeypatch):
@@ -199,17 +200,17 @@ def test_dtype_auto_on_cuda_is_bf16_where_native(monkeypatch):
         return {0: (9, 0), 1: (7, 5)}[dev.index]  # an H100-class GPU and a T4 (bf16 only emulated)
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", capability)
-    assert machine.choose_dtype(torch.device("cuda:0"))[0] == "bfloat16"
-    assert machine.choose_dtype("cuda:1")[0] == "float16"
+    assert hf.choose_dtype(torch.device("cuda:0"))[0] == "bfloat16"
+    assert hf.choose_dtype("cuda:1")[0] == "float16"
     assert [d.index for d in asked] == [0, 1]  # the GPU the models run on, not the current one
 
 
 def test_dtype_auto_times_real_layers():
     """The real timing runs (a few ms) and prices the generation from its two points."""
-    t1, tc = machine.linear_times("float32", reps=1)  # 8 copies of a 55 MB layer: well under a second
+    t1, tc = hf.linear_times("float32", reps=1)  # 8 copies of a 55 MB layer: well under a second
     assert 0 < t1 and 0 < tc
-    assert machine.dtype_cost(t1, tc) == pytest.approx(machine.DTYPE_PROMPT / machine.DTYPE_CHUNK * tc
-                                                       + machine.DTYPE_NEW * t1)
+    assert hf.dtype_cost(t1, tc) == pytest.approx(hf.DTYPE_PROMPT / hf.DTYPE_CHUNK * tc
+                                                       + hf.DTYPE_NEW * t1)
 
 
 def test_a_calibration_of_an_int8_model_is_keyed_by_how_it_reads_a_prompt(int8_draft, monkeypatch):

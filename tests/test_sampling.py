@@ -19,7 +19,7 @@ import torch
 from scipy import stats as sps
 
 from pacer import Decoder, PacerError, SamplingConfig
-from pacer.models import LoadedModel
+from pacer.backends.transformers import TransformersModel
 from pacer.sampling import verify_sampling, warp
 from pacer.tiny import tiny_model
 
@@ -211,8 +211,8 @@ def _decoder(draft: str, device: str = "cpu") -> Decoder:
         else tiny_model(41, vocab=SMALL_VOCAB, hidden=16, layers=1, init=1.0)
     )
     dec = Decoder(
-        LoadedModel(target, None, "t", "t", torch.float32),
-        LoadedModel(d, None, draft, draft, torch.float32),
+        TransformersModel(target, None, "t", "t", torch.float32),
+        TransformersModel(d, None, draft, draft, torch.float32),
         threads=1,
         device=device,
     )

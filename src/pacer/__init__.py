@@ -2,6 +2,8 @@
 
 from . import methods
 from .api import Decoder, generate
+from .backends import llamacpp as _llamacpp  # noqa: F401  the built-in backends register themselves, in this order
+from .backends import transformers as _transformers  # noqa: F401
 from .decoding import GenerationResult
 from .decoding.stats import GenerationStats
 from .errors import PacerError

@@ -130,36 +130,6 @@ def _machine_key(loaded, what: str) -> dict:
             "threads": torch.get_num_threads(), "cpu": cpu_identity(), "torch": torch.__version__}
 
 
-def choose_draft_quant(draft, reps: int = 5) -> str:
-    """``"int8"`` if the draft's int8 weight-only copy drafts a token at least 10% faster than the draft as loaded
-    on this machine (one new token after ``CONTEXT`` cached, median of ``reps``), else ``"none"``. Measured once
-    per machine, draft and threads, and cached like a calibration."""
-    import copy
-
-    from . import backends
-    from .decoding import TransformersBackend
-    from .quantize import available, quantize_int8
-
-    if not available() or not backends.of(draft).int8 or draft.model.device.type != "cpu":
-        return "none"  # the int8 kernel is a CPU one
-    key = _machine_key(draft, "draft-quant")
-    cached, _ = STORE.get(key)
-    if cached is not None and cached.get("choice") in ("int8", "none"):
-        return cached["choice"]
-    ctx = [(1000 + 7 * i) % max(2, draft.vocab_size - 1) for i in range(CONTEXT)]
-    times = {}
-    with torch.inference_mode():
-        for kind, model in (("none", draft.model), ("int8", quantize_int8(copy.deepcopy(draft.model)))):
-            cm = TransformersBackend(model)
-            cm.forward(ctx, keep=1)
-            _timed(cm, ctx[:1], len(ctx))
-            times[kind] = statistics.median(_timed(cm, ctx[:1], len(ctx)) for _ in range(reps))
-    choice = "int8" if times["int8"] < 0.9 * times["none"] else "none"
-    if note := STORE.keep(key, {"choice": choice, "seconds": {k: round(v, 5) for k, v in times.items()}}):
-        print(f"pacer: note: {note}", file=sys.stderr)
-    return choice
-
-
 def _timed(cm, tokens: list[int], base: int, keep: int = 1, tree=None) -> float:
     """Seconds of one forward of ``tokens`` on backend ``cm`` (its device synchronised around it; ``keep`` rows of
     logits, as a ``tree`` where given), then the cache is cropped back to ``base`` tokens."""

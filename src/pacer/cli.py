@@ -127,10 +127,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"weights: target {dec.target_info.weights}, draft {dec.draft_info.weights}"
           + (" (int8 weight-only: measured faster here; lossless, the draft only proposes)"
              if dec.draft_info.weights.startswith("int8") and args.quantize == "none" else ""))
-    if args.dtype == "auto" and record.dtypes:
-        from .machine import choose_dtype
-
-        print(f"dtype: {dec.target_info.dtype_name} (--dtype auto: {choose_dtype(dec.device)[1]})")
+    if args.dtype == "auto" and record.auto_dtype:
+        print(f"dtype: {dec.target_info.dtype_name} (--dtype auto: {record.auto_dtype(dec.device, True)[1]})")
     dec.generate("Hello", "ar", max_new_tokens=2)  # warm-up
     from .calibration import regime
 

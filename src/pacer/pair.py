@@ -6,7 +6,7 @@ learned policies, the method factories), never the :class:`pacer.Decoder`.
 first registered backend that runs the models, the device and the settings, :func:`pacer.backends.resolve`), that
 the backend runs every model spec and is installed, that it takes the settings (int8, a reduced draft vocabulary),
 the device (:func:`pacer.devices.check_device`) and the threads. ``load()`` then measures what ``auto`` leaves to
-this machine (the transformers weights' dtype, :func:`pacer.machine.choose_dtype`), loads the models with the
+this machine (the weights' dtype: the record's ``auto_dtype``), loads the models with the
 backend's loader and returns the :class:`Pair`.
 """
 
@@ -55,10 +55,8 @@ class Pair:
             q.quantize_int8(target.model)
         if draft is not None and draft_quant == "int8":
             q.quantize_int8(draft.model)
-        elif draft is not None and draft_quant == "auto" and backends.of(draft).int8:
-            from .calibration import choose_draft_quant
-
-            if choose_draft_quant(draft) == "int8":
+        elif draft is not None and draft_quant == "auto" and (choose := backends.of(draft).auto_draft_quant):
+            if choose(draft) == "int8":
                 q.quantize_int8(draft.model)
         self.backend = target.backend
         self.target: ModelBackend = metered(target.open(), TARGET)
@@ -166,9 +164,7 @@ class LoadSpec:
         dtype = spec.dtype
         record = spec.record
         if dtype == "auto":  # the weights' dtype, measured on this machine where the backend has a choice
-            from .machine import choose_dtype
-
-            dtype = choose_dtype(spec.device, progress=spec.progress)[0] if record.dtypes else "bfloat16"
+            dtype = record.auto_dtype(spec.device, spec.progress)[0] if record.auto_dtype else "bfloat16"
         t = models.load_model(spec.target, dtype, progress=spec.progress, backend=spec.backend)
         d = models.load_model(spec.draft, dtype, progress=spec.progress, backend=spec.backend) if spec.draft else None
         return Pair(t, d, spec.threads, spec.device, spec.quantize, spec.draft_quant)

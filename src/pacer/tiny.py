@@ -68,7 +68,7 @@ def perturbed(model: torch.nn.Module, noise: float, seed: int) -> torch.nn.Modul
 
 def tiny_pair(draft: str = "close", seed: int = 0):
     """``(target, draft)`` LoadedModels: draft ``close`` (perturbed target), ``same`` (a copy) or ``random``."""
-    from .models import LoadedModel
+    from .backends.transformers import TransformersModel
 
     tok = tiny_tokenizer()
     target = tiny_model(seed)
@@ -80,8 +80,8 @@ def tiny_pair(draft: str = "close", seed: int = 0):
         d = perturbed(target, 0.02, seed + 1)
     else:
         raise ValueError(draft)
-    return (LoadedModel(target, tok, f"tiny-target-{seed}", f"tiny-target-{seed}", torch.float32),
-            LoadedModel(d, tok, f"tiny-draft-{draft}-{seed}", f"tiny-draft-{draft}-{seed}", torch.float32))
+    return (TransformersModel(target, tok, f"tiny-target-{seed}", f"tiny-target-{seed}", torch.float32),
+            TransformersModel(d, tok, f"tiny-draft-{draft}-{seed}", f"tiny-draft-{draft}-{seed}", torch.float32))
 
 
 def save_tiny_pair(folder: Path, draft: str = "close", seed: int = 0) -> tuple[Path, Path]:

@@ -167,7 +167,7 @@ def _validate(args: argparse.Namespace) -> None:
     if args.quick:  # tiny models are overhead-bound: one thread is fastest and suffers least from busy cores
         args.max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else 24
         args.threads = args.threads or 1
-        from ..models import TRANSFORMERS
+        from ..backends.transformers import TRANSFORMERS
 
         args.backend = TRANSFORMERS.name if args.backend == "auto" else args.backend  # the tiny pair: torch models
     else:

@@ -1,7 +1,7 @@
 """The decoding core (see ``docs/architecture.md``):
 
-* :mod:`.backend`     - :class:`ModelBackend`, the only way the loop, drafters and diagnostics touch a model;
-* :mod:`.hf_backend`  - :class:`TransformersBackend`, the ``transformers`` implementation (restricted draft head);
+* :mod:`.backend`     - :class:`ModelBackend`, the only way the loop, drafters and diagnostics touch a model (its
+  implementations are the backends', :mod:`pacer.backends`);
 * :mod:`.tree`        - :class:`Draft`, one round's proposal, and its verification as a token tree;
 * :mod:`.drafter`     - the interface :class:`Drafter` and the policy handshake :class:`Proposal` (the drafters
   themselves are in :mod:`pacer.drafters`, which the core never imports);
@@ -14,11 +14,10 @@
 from .backend import ModelBackend, Tree
 from .diagnostics import Divergence, dtype_resolution, first_divergence
 from .drafter import Drafter, Proposal, token_features
-from .hf_backend import TransformersBackend
 from .loop import autoregressive_generate, speculative_generate
 from .output import GenerationResult, Output
 from .tree import Draft
 
 __all__ = ["Divergence", "Draft", "Drafter", "GenerationResult", "ModelBackend", "Output", "Proposal",
-           "TransformersBackend", "Tree", "autoregressive_generate", "dtype_resolution", "first_divergence",
+           "Tree", "autoregressive_generate", "dtype_resolution", "first_divergence",
            "speculative_generate", "token_features"]

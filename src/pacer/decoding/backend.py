@@ -18,8 +18,9 @@ A backend is one causal LM plus its KV cache. Terms:
   oracle's teacher-forced pass and the divergence diagnosis; not on the hot path).
 
 What must never happen: the loop or a drafter reaching past this interface into a runtime (``transformers``,
-llama.cpp, CUDA graphs). :class:`pacer.decoding.hf_backend.TransformersBackend` is the implementation for
-``transformers`` models; a test's pure-Python fake backend (``tests/test_backend.py``) runs the whole loop.
+llama.cpp, CUDA graphs). Each backend of :mod:`pacer.backends` implements it in its own file
+(:class:`pacer.backends.transformers.TransformersBackend`, :class:`pacer.backends.llamacpp.LlamaCppBackend`); a
+test's pure-Python fake backend (``tests/test_backend.py``) runs the whole loop.
 """
 
 from __future__ import annotations

@@ -1,24 +1,27 @@
 """What runs the models: one :class:`Backend` record per backend, and the registry ``--backend`` reads.
 
 A record says everything the rest of pacer asks of a backend, once: how it loads a model spec, which devices,
-dtypes and quantization it takes, whether a draft can score a reduced vocabulary, which hidden layers it returns,
-the suffix of its shipped pre-verifier checkpoints, its runtime's version, and whether ``--backend auto`` may pick
-it. Nothing else in pacer compares backend names (an architecture test checks it): code asks the record
-(``backends.of(loaded).reduced_head``, ``backends.get(name).dtypes``).
+dtypes and quantization it takes, what ``auto`` chooses for its dtype and its draft's quantization, whether a draft
+can score a reduced vocabulary, which hidden layers it returns, the suffix of its shipped pre-verifier
+checkpoints, its runtime's version, and whether ``--backend auto`` may pick it. Nothing else in pacer compares
+backend names (an architecture test checks it): code asks the record (``backends.of(loaded).reduced_head``,
+``backends.get(name).dtypes``). This module imports nothing of pacer's but its errors, so that every layer may ask
+a record.
 
-The built-ins (registered by :mod:`pacer.models`, which loads their models; this module imports nothing of
-pacer's but its errors, so that every layer may ask a record):
+A backend is one file: a :class:`~pacer.decoding.backend.ModelBackend`, a loaded-model class (the contract of
+:class:`pacer.models.LoadedModel`, with ``backend`` set to the record's name), its loader and one
+:func:`register` call with its record. The built-ins are the files of this package, registered when ``pacer`` is
+imported (``pacer/__init__.py`` imports them, ``llamacpp`` first: ``auto`` tries records in registry order):
 
-- ``transformers``: PyTorch (the reference). Model folders and GGUF files (dequantized once and cached);
-  bf16/fp32/fp16, pacer's int8 weight-only quantization, a reduced draft head, any hidden layer, CPU or CUDA.
-- ``llamacpp``: GGUF files as they are, on llama.cpp's own kernels through llama-cpp-python
-  (:mod:`pacer.decoding.llama_backend`): the file's own quantization, the whole LM head, the final hidden state
-  only, the CPU in this build. ``auto`` picks it for a GGUF pair when llama-cpp-python is installed.
+- :mod:`pacer.backends.transformers`: PyTorch (the reference). Model folders and GGUF files (dequantized once
+  and cached); bf16/fp32/fp16 (``auto``: measured on this machine), pacer's int8 weight-only quantization, a
+  reduced draft head, any hidden layer, CPU or CUDA.
+- :mod:`pacer.backends.llamacpp`: GGUF files as they are, on llama.cpp's own kernels through llama-cpp-python:
+  the file's own quantization, the whole LM head, the final hidden state only, the CPU in this build. ``auto``
+  picks it for a GGUF pair when llama-cpp-python is installed.
 
-A new backend is one file: a :class:`~pacer.decoding.backend.ModelBackend`, a loaded-model class (the contract of
-:class:`pacer.models.LoadedModel`: ``open``, ``vocab_size``, ``layers``, ``hidden_size``, ``weights``,
-``end_ids``, with ``backend`` set to the record's name) and one :func:`register` call with its record
-(``tests/test_backend.py`` registers a toy one).
+An outside backend is the same file anywhere, calling ``pacer.backends.register(Backend(...))``
+(``tests/test_toy_backend.py`` registers a toy one).
 """
 
 from __future__ import annotations
@@ -28,10 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import PacerError
+from ..errors import PacerError
 
 if TYPE_CHECKING:
-    from .models import LoadedModel
+    from ..models import LoadedModel
 
 
 def _none(*_a) -> str | None:
@@ -75,6 +78,11 @@ class Backend:
     anchor: str = ""
     #: ``pacer bench``'s default ``--methods`` on this backend (empty: the bench's default)
     bench_methods: str = ""
+    #: ``(dtype, why)`` that ``--dtype auto`` loads the weights in on a device (``device, progress``); ``None``:
+    #: no choice (the loader gets ``bfloat16`` and may ignore it)
+    auto_dtype: Callable[[str, bool], tuple[str, str]] | None = None
+    #: what ``--draft-quant auto`` applies to a loaded draft (``int8`` or ``none``); ``None``: ``none``
+    auto_draft_quant: Callable[[LoadedModel], str] | None = None
 
     @property
     def default_layers(self) -> tuple[int, ...]:

@@ -1,5 +1,9 @@
-"""The llama.cpp implementation of :class:`~pacer.decoding.backend.ModelBackend`, on llama-cpp-python's bindings
-of llama.cpp's C API (``llama_decode`` over a batch, ``llama_memory_seq_rm`` for the roll-back).
+"""The ``llamacpp`` backend: GGUF files as they are, on llama.cpp's own kernels through llama-cpp-python's bindings
+of its C API (``llama_decode`` over a batch, ``llama_memory_seq_rm`` for the roll-back). One file: its
+:class:`~pacer.decoding.backend.ModelBackend` (:class:`LlamaCppBackend`), the model it runs on
+(:class:`LlamaModel`), its loaded-model class (:class:`GgufModel`), its loader (:func:`load_gguf`), what it refuses
+(a model that is not a GGUF file; a build with llama.cpp's AMX kernels, :func:`llama_amx_problem`) and its record,
+:data:`LLAMACPP`.
 
 pacer's loop drives llama.cpp directly: a forward is one ``llama_decode`` of the new tokens (one sequence, id 0,
 positions going on after the cache), with logits kept only for the rows the caller reads; a roll-back removes the
@@ -19,14 +23,20 @@ the forward.
 from __future__ import annotations
 
 import ctypes
+import importlib.util
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..cache import pacer_home, sweep_stale
+from ..decoding.backend import Hidden, ModelBackend, Tree
 from ..errors import PacerError
-from .backend import Hidden, ModelBackend, Tree
+from ..gguf import DEFAULT_NAMES, gguf_file, gguf_tokenizer
+from ..models import LoadedModel
+from . import Backend, register
 
 #: the pinned binding (scripts/setup.sh builds it from PyPI's source)
 LLAMA_CPP_VERSION = "0.3.36"
@@ -346,3 +356,110 @@ class LlamaCppBackend(ModelBackend):
         finally:
             del other
         return logits
+
+
+class GgufModel(LoadedModel):
+    """A GGUF file run by llama.cpp (``model`` is a :class:`LlamaModel`): the :class:`~pacer.models.LoadedModel`
+    contract on llama.cpp."""
+
+    backend = "llamacpp"
+
+    def open(self, rows: torch.Tensor | None = None) -> LlamaCppBackend:
+        if rows is not None:
+            raise PacerError("the llamacpp backend scores the whole vocabulary; drop --draft-vocab (or use "
+                             "--backend transformers)")
+        return LlamaCppBackend(self.model)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.n_vocab
+
+    @property
+    def layers(self) -> int:
+        return self.model.n_layer
+
+    @property
+    def hidden_size(self) -> int:
+        return self.model.n_embd
+
+    @property
+    def weights(self) -> str:
+        return f"gguf:{self.extra.get('file_type', 'unknown')}"
+
+    def end_ids(self) -> set[int]:
+        return self.model.end_tokens() | super().end_ids()
+
+
+def load_gguf(spec: str, home: Path | None = None, progress: bool = True) -> GgufModel:
+    """Load ``spec`` (``default-target``/``default-draft`` or a ``.gguf`` file) for the llamacpp backend: the file
+    as it is (no conversion), its tokenizer, its sha256 as the fingerprint."""
+    home = home or pacer_home()
+    sweep_stale(home)
+    path, digest = gguf_file(spec, home, progress)
+    model = LlamaModel(path)
+    tok = gguf_tokenizer(path, digest, home)
+    try:
+        import gguf
+
+        ftype = gguf.LlamaFileType(int(model.meta("general.file_type") or -1)).name.removeprefix("MOSTLY_")
+    except (ValueError, ImportError):
+        ftype = "unknown"
+    return GgufModel(model, tok, spec, digest, torch.float32, extra={"file_type": ftype, "path": str(path),
+                                                                     "params": model.n_params})
+
+
+def _version() -> str:
+    return f"llama-cpp-python {LLAMA_CPP_VERSION}"
+
+
+def _load(spec: str, dtype: str, home: Path | None, progress: bool) -> LoadedModel:
+    return load_gguf(spec, home, progress)
+
+
+def _gguf_only(spec: str | None) -> str | None:
+    if spec is None or spec in DEFAULT_NAMES:
+        return None
+    path = Path(spec).expanduser()
+    if (path.exists() and not (path.is_file() and path.suffix == ".gguf")) or (
+            not path.exists() and path.suffix != ".gguf"):
+        return (f"the llamacpp backend runs GGUF files and '{spec}' is not one; pass a .gguf file or use "
+                f"--backend transformers")
+    return None
+
+
+def _llama_missing() -> str | None:
+    if importlib.util.find_spec("llama_cpp") is None:
+        return (f"the llamacpp backend needs llama-cpp-python=={LLAMA_CPP_VERSION}; run `bash scripts/setup.sh` "
+                f"(it builds it, about 10 minutes once)")
+    return llama_amx_problem()
+
+
+#: set to 1 to run a llama-cpp-python build with llama.cpp's AMX kernels anyway (see :func:`llama_amx_problem`)
+LLAMA_AMX_ENV = "PACER_LLAMA_AMX"
+
+
+def llama_amx_problem(system_info: bytes | None = None) -> str | None:
+    """Why the installed llama-cpp-python cannot run here, where its build compiled llama.cpp's AMX kernels
+    (``system_info``: what ``llama_print_system_info`` says; read from the library when ``None``): in this
+    release they die with an illegal instruction at the first matrix product (an Intel Xeon, family 6 model 207:
+    ``tilezero`` with no tile configuration loaded; ggml-org/llama.cpp PR 26954), which would kill the process
+    with no message. ``scripts/setup.sh`` builds without them on an AMX CPU; :data:`LLAMA_AMX_ENV` ``=1``
+    overrides the check for a build known to work."""
+    if os.environ.get(LLAMA_AMX_ENV) == "1":
+        return None
+    if system_info is None:
+        system_info = bytes(lib().llama_print_system_info())
+    if b"AMX_INT8 = 1" not in system_info:
+        return None
+    return (f"the installed llama-cpp-python was built with llama.cpp's AMX kernels, which crash (illegal "
+            f"instruction) in this release; run `bash scripts/setup.sh` to rebuild it without them, or use "
+            f"--backend transformers ({LLAMA_AMX_ENV}=1 runs it anyway)")
+
+
+LLAMACPP = register(Backend(
+    "llamacpp", "GGUF files as they are, on llama.cpp's own kernels (llama-cpp-python)", _load, _version,
+    devices=("cpu",), hidden_layers=(-1,), checkpoint_suffix="llamacpp", refuses=_gguf_only, missing=_llama_missing,
+    auto=True, auto_reason="llama.cpp runs the GGUF pair as it is, on its own CPU kernels",
+    # llama.cpp's own p-min rule at 0.4 and 0.6, fixed γ 2..6
+    bench_methods="ar,sd:gamma=2..6,confidence:threshold=0.4,confidence:threshold=0.6,entropy,pacer,ouroboros,"
+                  "lookup,oracle"))
