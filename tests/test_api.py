@@ -49,7 +49,7 @@ def test_a_string_stop_is_one_stop_string(dec):
     ([5], TypeError, "stop must be a string"), (b"A4", TypeError, "stop must be a string"),
     ({"A": 4}, TypeError, "stop must be a string")])
 def test_a_bad_stop_is_refused_before_the_models_run(dec, stop, kind, words, monkeypatch):
-    monkeypatch.setattr(dec, "encode", lambda *a, **k: pytest.fail("the prompt was read"))
+    monkeypatch.setattr(dec.pair, "encode", lambda *a, **k: pytest.fail("the prompt was read"))
     refused(kind, words, dec.generate, PROMPT, "ar", 8, stop=stop)
     refused(kind, words, dec.decode, [65, 66], stop)
 

@@ -372,3 +372,38 @@ def test_models_is_backend_independent():
     bad = sorted(t for t in _reach(graph, f"{ROOT}.models")
                  if t.startswith(f"{ROOT}.decoding") or t.startswith(f"{ROOT}.backends."))
     assert not bad, f"pacer.models reaches {bad}"
+
+
+# -------------------------------------------------------------------------------------------------- the Decoder
+#: the most lines the ``Decoder`` class may take: it holds a pair and a method factory and runs the loop; loading,
+#: the prompt's tokens, method building and costs live in ``pacer.pair`` and ``pacer.factory``
+DECODER_LINES = 150
+
+
+def _decoder_class(src: Path = SRC) -> ast.ClassDef:
+    tree = ast.parse((src / ROOT / "api.py").read_text())
+    return next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Decoder")
+
+
+def _self_attributes_set(cls: ast.ClassDef) -> set[str]:
+    out = set()
+    for node in ast.walk(cls):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AnnAssign, ast.AugAssign)) else []
+        for t in targets:
+            for e in ast.walk(t):
+                if isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) and e.value.id == "self":
+                    out.add(e.attr)
+    return out
+
+
+def test_the_decoder_is_small_and_copies_nothing():
+    """``Decoder`` is at most :data:`DECODER_LINES` lines and keeps two things, its ``pair`` and its ``methods``
+    (the :class:`pacer.factory.MethodFactory`): every other attribute is read through from them, none copied, and
+    nothing it keeps goes unread."""
+    cls = _decoder_class()
+    assert cls.end_lineno - cls.lineno + 1 <= DECODER_LINES
+    assert _self_attributes_set(cls) == {"pair", "methods"}
+    read = {n.attr for path in modules().values() for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load)}
+    assert {"pair", "methods"} <= read

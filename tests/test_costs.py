@@ -144,7 +144,7 @@ def test_a_decoder_whose_rule_learnt_a_low_acceptance_drafts_again():
     drafts a generation with a draft that agrees goes back to drafting within it."""
     dec = decoder("same", FLAT)
     dec.generate(PROMPTS[0], "sd", max_new_tokens=4)
-    (memory,) = dec._cost_memory.values()
+    (memory,) = dec.methods._cost_memory.values()
     for _ in range(30):
         memory.update([None], drafted=1, accepted=0)
     runs = [dec.generate(p, "sd", max_new_tokens=60).stats.draft_lengths for p in PROMPTS * 3]
@@ -523,7 +523,7 @@ def test_what_the_rule_learns_carries_over_to_the_next_generation():
     first = dec.generate(PROMPTS[0], "sd", max_new_tokens=30)
     second = dec.generate(PROMPTS[0], "sd", max_new_tokens=30)
     assert first.token_ids == second.token_ids
-    (memory,) = dec._cost_memory.values()
+    (memory,) = dec.methods._cost_memory.values()
     seen = sum(g > 0 for r in (first, second) for g in r.stats.draft_lengths)  # every drafting round, both runs
     assert memory.trials[1] == 4 + seen and memory.alpha(1) == pytest.approx((2.4 + seen) / (4 + seen))
     assert second.stats.draft_lengths[0] >= first.stats.draft_lengths[0]
@@ -531,9 +531,9 @@ def test_what_the_rule_learns_carries_over_to_the_next_generation():
     # a method with other drafter options (a bench's variants) learns apart: its branches are another drafter's
     dec.generate(PROMPTS[0], "ouroboros", max_new_tokens=4, options={"candidates": 1})
     dec.generate(PROMPTS[0], "ouroboros", max_new_tokens=4, options={"candidates": 3})
-    assert len(dec._cost_memory) == 3
+    assert len(dec.methods._cost_memory) == 3
     dec.generate(PROMPTS[0], "ouroboros", max_new_tokens=4, options={"candidates": 3, "draft_vocab": dec.draft_vocab})
-    assert len(dec._cost_memory) == 3  # the same rows: the same memory
+    assert len(dec.methods._cost_memory) == 3  # the same rows: the same memory
 
 
 def test_per_position_acceptance_counts_only_the_positions_that_were_reached():

@@ -14,7 +14,7 @@ from . import backends, methods
 if TYPE_CHECKING:
     from .api import Decoder
     from .pair import LoadSpec
-    from .request import MethodRequest
+    from .request import GenerationRequest, MethodRequest
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -55,12 +55,15 @@ def load_spec(args: argparse.Namespace, draft: str | None = "") -> LoadSpec:
 
 
 def load_decoder(args: argparse.Namespace, request: MethodRequest | None = None) -> Decoder:
-    """The pair the model arguments name, checked (:func:`check_model_args`) and loaded; with a ``request``, its
-    draft only where the method drafts with the draft model."""
+    """The pair the model arguments name, checked (by :func:`check_model_args`, once: a command that called it
+    already gets the spec it resolved, unless an argument changed since) and loaded; with a ``request``, its draft
+    only where the method drafts with the draft model."""
     from .api import Decoder
 
-    check_model_args(args)
-    return Decoder.load(load_spec(args, None if request is not None and not request.loads_draft else ""))
+    spec = getattr(args, RESOLVED, None)
+    if spec is None or spec != load_spec(args):
+        spec = check_model_args(args)
+    return Decoder.load(spec if request is None or request.loads_draft else spec.without_draft())
 
 
 def auto_method(args: argparse.Namespace) -> str:
@@ -76,16 +79,23 @@ def auto_method(args: argparse.Namespace) -> str:
     return "pacer" if (args.draft == "default-draft" and shipped) or given else "sd"
 
 
-def check_model_args(args: argparse.Namespace) -> None:
+#: where :func:`check_model_args` keeps the resolved :class:`~pacer.pair.LoadSpec` on the arguments
+RESOLVED = "resolved_load"
+
+
+def check_model_args(args: argparse.Namespace) -> LoadSpec:
     """The model arguments checked before anything loads (:meth:`pacer.pair.LoadSpec.resolve`, in the command
-    line's words); ``args.backend`` and ``args.threads`` become what was resolved (``auto``: a backend)."""
+    line's words); ``args.backend``, ``args.threads`` and ``args.device`` become what was resolved (``auto``: a
+    backend, a device). Returns the resolved spec, also kept on ``args`` for :func:`load_decoder`."""
     from .errors import PacerError
 
     try:
         spec = load_spec(args).resolve()
     except PacerError as e:
         raise PacerError(as_flags(str(e))) from None
-    args.backend, args.threads = spec.backend, spec.threads
+    args.backend, args.threads, args.device = spec.backend, spec.threads, spec.device
+    setattr(args, RESOLVED, spec)
+    return spec
 
 
 def _dest(o: methods.Option) -> str:
@@ -156,12 +166,12 @@ def as_flags(message: str) -> str:
     return re.sub(pattern, lambda m: flags.get(m.group(1) or m.group(2), m.group(0)), message)
 
 
-def check_args(args: argparse.Namespace) -> MethodRequest:
-    """Every decoding argument checked before any model loads (one line, exit 2 on a bad one), by the same
-    checks the API makes (:class:`pacer.request.MethodRequest`, :func:`pacer.api.check_generation`), in the
-    command line's words; returns the request."""
-    from .api import check_generation
+def check_args(args: argparse.Namespace) -> GenerationRequest:
+    """Every decoding argument checked before any model loads (one line, exit 2 on a bad one), once, by the
+    checks the API makes (:class:`pacer.request.MethodRequest`, :class:`pacer.request.GenerationRequest`), in the
+    command line's words; returns the generation request (:meth:`pacer.Decoder.generate` takes it as it is)."""
     from .errors import PacerError
+    from .request import GenerationRequest
     from .sampling import SamplingConfig
 
     if args.threads is not None and args.threads <= 0:
@@ -170,9 +180,9 @@ def check_args(args: argparse.Namespace) -> MethodRequest:
         raise PacerError("--stop takes a non-empty string (an empty one would stop after the first token)")
     request = method_request(args)
     try:
-        check_generation(request, args.max_new_tokens, SamplingConfig(args.temperature, args.top_k, args.top_p,
-                                                                       args.seed))
+        job = GenerationRequest(request, args.max_new_tokens, SamplingConfig(args.temperature, args.top_k,
+                                                                             args.top_p, args.seed))
         request.check_files()
     except PacerError as e:
         raise PacerError(as_flags(str(e))) from None
-    return request
+    return job

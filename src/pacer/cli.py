@@ -30,9 +30,8 @@ from .streaming import TextStreamer
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .sampling import SamplingConfig
 
-    request = check_args(args)
+    job = check_args(args)
     if args.prompt == "-":
         try:
             prompt = sys.stdin.buffer.read().decode("utf-8") if hasattr(sys.stdin, "buffer") else sys.stdin.read()
@@ -43,14 +42,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not prompt.strip():
         raise PacerError("the prompt is empty; pass some text (or '-' to read standard input)")
     profile = Profile.load(args.costs) if args.costs else None  # a bad file is refused before any model loads
-    dec = load_decoder(args, request)
+    dec = load_decoder(args, job.request)
     if profile is not None:
         for note in dec.use_profile(profile):
             print(f"pacer: note: {note}", file=sys.stderr)
-    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
     streamer = None if args.json else TextStreamer(dec.tokenizer, args.stop)
-    res = dec.generate(prompt, request, args.max_new_tokens, sampling, stop=args.stop, chat=args.chat,
-                       on_tokens=streamer)
+    res = dec.generate(prompt, job, stop=args.stop, chat=args.chat, on_tokens=streamer)
     if profile is not None:
         seconds = clock(profile, res.stats.wall_time, res.stats.calls)
         res.extra["profile_clock"] = {"profile": profile.describe(), "seconds": round(seconds, 6),
@@ -105,7 +102,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     asked = args.backend
     check_model_args(args)
     args.method = auto_method(args)
-    request = check_args(args)
+    job = check_args(args)
     ignored = [flag for flag, used in (("--temperature", args.temperature != 0.0), ("--top-k", args.top_k != 0),
                                        ("--top-p", args.top_p != 1.0), ("--seed", args.seed != 0),
                                        ("--stop", bool(args.stop)), ("--chat", args.chat)) if used]
@@ -153,7 +150,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if anchor is not None:
             fast = anchor.generate(prompt, "ar", args.max_new_tokens, chat=kind == "chat")
             anchor_ratios.append(fast.stats.tokens_per_s / max(ar.stats.tokens_per_s, 1e-9))
-        sd = dec.generate(prompt, request, args.max_new_tokens, chat=kind == "chat")
+        sd = dec.generate(prompt, job, chat=kind == "chat")
         same = ar.token_ids == sd.token_ids
         print("-" * 100)
         print(prompt.strip()[:200])

@@ -87,14 +87,13 @@ def check_device(device: str | torch.device | None = "auto", backend: str = "tra
     return dev
 
 
-def place(target: LoadedModel, draft: LoadedModel | None, device: str | torch.device | None = "auto",
-          quantize: str = "none", draft_quant: str = "none") -> torch.device:
-    """Move a pair of :class:`pacer.models.LoadedModel` (``draft`` may be ``None``) to ``device`` (checked by
-    :func:`check_device`); returns the device. ``transformers`` models move in place (``model.to``); a llama.cpp
-    model stays where llama.cpp runs it (the CPU)."""
+def place(target: LoadedModel, draft: LoadedModel | None, device: torch.device) -> torch.device:
+    """Move a pair of :class:`pacer.models.LoadedModel` (``draft`` may be ``None``) to ``device`` (what
+    :func:`check_device` resolved); returns it. Models of a backend with ``torch_modules`` move in place
+    (``model.to``); a llama.cpp model stays where llama.cpp runs it (the CPU)."""
     from . import backends
 
-    dev = check_device(device, target.backend, quantize, draft_quant)
+    dev = torch.device(device)
     for loaded in (target, draft):
         if loaded is not None and backends.of(loaded).torch_modules:
             loaded.model.to(dev)

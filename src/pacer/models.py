@@ -102,10 +102,12 @@ class LoadedModel(ABC):
 
 
 def load_model(spec: str, dtype: str = "bfloat16", home: Path | None = None, progress: bool = True,
-               backend: str = "transformers") -> LoadedModel:
+               backend: str = "transformers", checked: bool = False) -> LoadedModel:
     """Load ``spec`` (``default-target``/``default-draft``, a Hugging Face model folder or a ``.gguf`` file) on
-    ``backend`` (its record's loader, :mod:`pacer.backends`)."""
-    return backends.check(backend, spec).load(spec, dtype, home, progress)
+    ``backend`` (its record's loader, :mod:`pacer.backends`), checking first that the backend runs it here
+    (``checked``: a resolved :class:`pacer.pair.LoadSpec` has)."""
+    record = backends.get(backend) if checked else backends.check(backend, spec)
+    return record.load(spec, dtype, home, progress)
 
 
 def configured_vocab(spec: str, dtype: str = "bfloat16", home: Path | None = None) -> int | None:

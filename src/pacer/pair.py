@@ -1,13 +1,15 @@
-"""One load spec and one loaded pair: :class:`LoadSpec` owns every ``auto`` choice and every cross-check of the
-model settings, once; :class:`Pair` is what the layers below the API get (calibration, the draft vocabulary, the
-learned policies, the method factories), never the :class:`pacer.Decoder`.
+"""One load request and one loaded pair: :class:`LoadSpec` owns every ``auto`` choice and every cross-check of the
+model settings, made once by :meth:`LoadSpec.resolve`; :class:`Pair` trusts a resolved spec and is what the layers
+below the API get (calibration, the draft vocabulary, the learned policies, the method factories), never the
+:class:`pacer.Decoder`.
 
 ``LoadSpec(...).resolve()`` checks, before anything loads: the quantization kinds, the backend (``auto``: the
 first registered backend that runs the models, the device and the settings, :func:`pacer.backends.resolve`), that
 the backend runs every model spec and is installed, that it takes the settings (int8, a reduced draft vocabulary),
 the device (:func:`pacer.devices.check_device`) and the threads. ``load()`` then measures what ``auto`` leaves to
-this machine (the weights' dtype: the record's ``auto_dtype``), loads the models with the
-backend's loader and returns the :class:`Pair`.
+this machine (the weights' dtype: the record's ``auto_dtype``), loads the models with the backend's loader and
+returns the :class:`Pair`. Models loaded already get their settings checked the same way, once
+(:meth:`LoadSpec.loaded`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import torch
 from . import backends, devices, models
 from .decoding import ModelBackend
 from .decoding.meter import DRAFT, TARGET, metered
-from .errors import InvalidType, PacerError
+from .errors import ContextError, InvalidType, PacerError
+from .request import check_history, check_prompt_ids, check_stop
 
 END_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>")
 
@@ -30,32 +33,35 @@ END_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>")
 class Pair:
     """A target, an optional draft and their tokenizer, placed on a device with their quantization applied.
 
-    ``target`` is the target's :class:`~pacer.decoding.ModelBackend` (metered: its forwards go to a generation's
-    ledger); :meth:`draft_backend` opens a fresh one on the draft. ``vocab``: the target's vocabulary size;
-    ``eos``: the ids that end a generation; ``record``: the backend's :class:`pacer.backends.Backend`."""
+    ``spec``: the resolved :class:`LoadSpec` the models were loaded with (trusted: nothing is checked again), or
+    ``None`` to check ``threads``, ``device``, ``quantize`` and ``draft_quant`` here for models loaded some other
+    way (:meth:`LoadSpec.loaded`). ``target`` is the target's :class:`~pacer.decoding.ModelBackend` (metered: its
+    forwards go to a generation's ledger); :meth:`draft_backend` opens a fresh one on the draft. ``vocab``: the
+    target's vocabulary size; ``eos``: the ids that end a generation; ``record``: the backend's
+    :class:`pacer.backends.Backend`."""
 
     def __init__(self, target: models.LoadedModel, draft: models.LoadedModel | None = None,
                  threads: int | None = None, device: str | torch.device | None = "auto", quantize: str = "none",
-                 draft_quant: str = "none") -> None:
+                 draft_quant: str = "none", *, spec: LoadSpec | None = None) -> None:
         from . import quantize as q
 
-        q.check_kind(quantize)
-        if draft_quant != "auto":
-            q.check_kind(draft_quant)
+        if spec is None:
+            spec = LoadSpec.loaded(target, draft, threads, device, quantize, draft_quant)
+        elif not spec.resolved:
+            raise PacerError("a Pair takes a resolved LoadSpec (LoadSpec.resolve())")
+        self.spec = spec
         self.record = backends.of(target)
-        if why := self.record.setting_problem(quantize, draft_quant):
-            raise PacerError(why)
-        self.device = devices.place(target, draft, device, quantize, draft_quant)
-        self.threads = models.set_threads(threads)
+        self.device = devices.place(target, draft, spec.device)
+        self.threads = models.set_threads(spec.threads)
         self.target_info, self.draft_info = target, draft
         self.tokenizer = target.tokenizer
         if draft is not None and target.tokenizer is not None and draft.tokenizer is not None:
             models.check_same_tokenizer(target.tokenizer, draft.tokenizer)
-        if quantize == "int8":
+        if spec.quantize == "int8":
             q.quantize_int8(target.model)
-        if draft is not None and draft_quant == "int8":
+        if draft is not None and spec.draft_quant == "int8":
             q.quantize_int8(draft.model)
-        elif draft is not None and draft_quant == "auto" and (choose := backends.of(draft).auto_draft_quant):
+        elif draft is not None and spec.draft_quant == "auto" and (choose := backends.of(draft).auto_draft_quant):
             if choose(draft) == "int8":
                 q.quantize_int8(draft.model)
         self.backend = target.backend
@@ -71,6 +77,49 @@ class Pair:
         if self.draft_info is None:
             raise PacerError("this method needs a draft model")
         return metered(self.draft_info.open(rows), DRAFT)
+
+    def encode(self, prompt: str | Sequence[int], chat: bool = False, history: Sequence[dict] = ()) -> list[int]:
+        """Token ids of ``prompt`` (a string, or token ids: integers below the models' vocabulary, checked);
+        ``chat`` applies the chat template to a string, after ``history`` (earlier ``{"role", "content"}``
+        messages)."""
+        if not isinstance(prompt, str):
+            vocab = min(self.vocab, self.draft_info.vocab_size) if self.draft_info is not None else self.vocab
+            ids = check_prompt_ids(prompt, vocab)
+        else:
+            if not prompt.strip():
+                raise PacerError("the prompt is empty; pass some text")
+            if self.tokenizer is None:
+                raise PacerError("this model pair has no tokenizer; pass token ids instead of text")
+            if chat:
+                if not getattr(self.tokenizer, "chat_template", None):
+                    raise PacerError("a chat prompt needs a chat template, and the target's tokenizer has none")
+                msgs = [*check_history(history), {"role": "user", "content": prompt}]
+                ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
+                                                         return_dict=False)
+                if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                    ids = ids["input_ids"]
+                ids = list(ids)
+            else:
+                ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        if not ids:
+            raise PacerError("the prompt is empty; pass some text")
+        if len(ids) >= self.target.context:
+            raise ContextError(
+                f"the prompt has {len(ids)} tokens but the model's context is {self.target.context}; "
+                f"shorten the prompt"
+            )
+        return ids
+
+    def decode(self, ids: Sequence[int], stop: str | Sequence[str] = ()) -> str:
+        """The text of ``ids``, cut before the first stop string (``stop``: one string or a list)."""
+        stop = check_stop(stop)
+        if self.tokenizer is None:
+            return ""
+        text = self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        for s in stop:
+            if s in text:
+                text = text[: text.index(s)]
+        return text
 
 
 @dataclass(frozen=True)
@@ -93,6 +142,8 @@ class LoadSpec:
     draft_vocab: int | str | Sequence[int] | None = "auto"
     progress: bool = field(default=True, compare=False)
     resolved: bool = field(default=False, compare=False)
+    #: the models are loaded already (:meth:`loaded`): their specs are not checked against the backend
+    preloaded: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         """Every field of the right type (a path may be a :class:`os.PathLike`, kept as its text), else a one-line
@@ -123,7 +174,8 @@ class LoadSpec:
 
     @property
     def specs(self) -> tuple[str | None, ...]:
-        return (self.target, self.draft)
+        """The model specs the backend must run (none for models loaded already)."""
+        return () if self.preloaded else (self.target, self.draft)
 
     def resolve(self) -> LoadSpec:
         """This spec with ``backend`` and ``device`` decided and every setting checked (loads nothing)."""
@@ -153,18 +205,32 @@ class LoadSpec:
             raise PacerError(f"dtype must be auto or one of {', '.join(record.dtypes)}, got '{self.dtype}'")
         return replace(self, backend=name, device=device, threads=threads, resolved=True)
 
+    @classmethod
+    def loaded(cls, target: models.LoadedModel, draft: models.LoadedModel | None = None, threads: int | None = None,
+               device: str | torch.device | None = "auto", quantize: str = "none",
+               draft_quant: str = "none") -> LoadSpec:
+        """The resolved settings of models loaded already (on ``target``'s backend; their specs are not checked:
+        they have loaded)."""
+        return cls(target.source, draft.source if draft is not None else None, backends.of(target).name, "auto",
+                   threads, device, draft_quant, quantize, preloaded=True).resolve()
+
+    def without_draft(self) -> LoadSpec:
+        """This spec with no draft (resolved stays resolved: dropping a model leaves every check true)."""
+        return replace(self, draft=None)
+
     @property
     def record(self) -> backends.Backend:
         return backends.get(self.resolve().backend)
 
     def load(self) -> Pair:
-        """The pair, loaded (resolving first)."""
+        """The pair, loaded (resolving first, unless resolved already)."""
         spec = self.resolve()
         models.set_threads(spec.threads)
         dtype = spec.dtype
         record = spec.record
         if dtype == "auto":  # the weights' dtype, measured on this machine where the backend has a choice
             dtype = record.auto_dtype(spec.device, spec.progress)[0] if record.auto_dtype else "bfloat16"
-        t = models.load_model(spec.target, dtype, progress=spec.progress, backend=spec.backend)
-        d = models.load_model(spec.draft, dtype, progress=spec.progress, backend=spec.backend) if spec.draft else None
-        return Pair(t, d, spec.threads, spec.device, spec.quantize, spec.draft_quant)
+        t = models.load_model(spec.target, dtype, progress=spec.progress, backend=spec.backend, checked=True)
+        d = (models.load_model(spec.draft, dtype, progress=spec.progress, backend=spec.backend, checked=True)
+             if spec.draft else None)
+        return Pair(t, d, spec=spec)

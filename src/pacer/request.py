@@ -1,4 +1,5 @@
-"""One request shape for a decoding method: :class:`MethodRequest`, checked once, in its constructor.
+"""One request shape for a decoding method: :class:`MethodRequest`, checked once, in its constructor; and one for a
+generation with it: :class:`GenerationRequest` (the token budget and the sampling settings besides).
 
 The command line (:func:`pacer.args.method_request`), the server (:mod:`pacer.serve.protocol`), the benchmark
 (:class:`pacer.bench.methods.MethodSpec`) and the API (:meth:`pacer.Decoder.generate`) build one; the method
@@ -184,3 +185,42 @@ def check_history(history: Iterable[Mapping]) -> list[dict]:
             raise InvalidType(f"each history message needs a string 'role' and a string 'content', got {m!r}")
         out.append(dict(m))
     return out
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One generation's request: a :class:`MethodRequest` with the token budget and the sampling settings, checked
+    together once, in the constructor (a one-line :class:`~pacer.errors.InvalidType` or
+    :class:`~pacer.errors.InvalidValue` otherwise). The command line
+    (:func:`pacer.args.check_args`) and the server (:mod:`pacer.serve.protocol`) build one before any model loads
+    or any request is queued; :meth:`pacer.Decoder.generate` takes it as it is, or builds one from a method and
+    its keywords. ``sampling``: ``None`` is greedy."""
+
+    request: MethodRequest
+    max_new_tokens: int = 128
+    sampling: SamplingConfig | None = None
+
+    @classmethod
+    def of(cls, method: str | MethodRequest | GenerationRequest = "sd", max_new_tokens: int | None = None,
+           sampling: SamplingConfig | None = None, **settings: Any) -> GenerationRequest:
+        """A request from a method (a :class:`MethodRequest`, or a name with keyword settings:
+        :meth:`MethodRequest.of`), a budget (``None``: 128) and sampling. A :class:`GenerationRequest` is returned
+        as it is (then nothing else may be given)."""
+        if isinstance(method, GenerationRequest):
+            given = {"max_new_tokens": max_new_tokens, "sampling": sampling, **settings}
+            if named := [k for k, v in given.items() if v is not None]:
+                raise InvalidValue(f"a GenerationRequest is complete: pass {', '.join(named)} in it, not beside it")
+            return method
+        return cls(MethodRequest.of(method, **settings), 128 if max_new_tokens is None else max_new_tokens, sampling)
+
+    def __post_init__(self) -> None:
+        from .sampling import SamplingConfig
+
+        n = self.max_new_tokens
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise InvalidType(f"max_new_tokens must be an integer >= 1, got {n!r}")
+        if n <= 0:
+            raise InvalidValue(f"max_new_tokens must be >= 1, got {n}")
+        if self.sampling is not None and not isinstance(self.sampling, SamplingConfig):
+            raise InvalidType(f"sampling must be a pacer.SamplingConfig, got {self.sampling!r}")
+        self.request.check_sampling(self.sampling)

@@ -78,8 +78,7 @@ def listen_socket(host: str, port: int) -> socket.socket:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from ..api import check_generation
-    from ..request import MethodRequest
+    from ..request import GenerationRequest, MethodRequest
     from .protocol import Defaults
 
     cfg = speculative_config(args.speculative_config)
@@ -95,7 +94,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         request = MethodRequest(args.method, **settings, cost_aware=cfg.pop("cost_aware", cost_aware(args)),
                                 options={**method_options(args), **cfg})
-        check_generation(request, args.max_tokens)
+        GenerationRequest(request, args.max_tokens)  # the server's defaults: checked before the model loads
         request.check_files()
     except PacerError as e:
         raise PacerError(as_flags(str(e))) from None

@@ -20,10 +20,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from ..api import check_generation
 from ..errors import PacerError
 from ..methods import path_options
-from ..request import SETTINGS, MethodRequest, check_stop
+from ..request import SETTINGS, GenerationRequest, MethodRequest, check_stop
 from ..sampling import SamplingConfig
 
 
@@ -159,7 +158,7 @@ def parse_request(body: dict, chat: bool, defaults: Defaults, model: str) -> Req
     settings = {k: ext.pop(k, getattr(base, k) if same else None) for k in SETTINGS}
     try:
         request = MethodRequest(method, **settings, options={**(base.options if same else {}), **ext})
-        check_generation(request, max_tokens or 1, sampling)
+        GenerationRequest(request, max_tokens or 1, sampling)  # refused here (400), before the request queues
     except PacerError as e:
         raise BadRequest(str(e), param="pacer") from None
     return Request(chat, prompt, history, max_tokens, sampling, stop, stream, include_usage, request,

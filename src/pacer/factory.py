@@ -1,0 +1,143 @@
+"""How a :class:`pacer.Decoder` turns a method request into a policy and a drafter on its :class:`~pacer.pair.Pair`,
+with what it keeps between generations: this machine's costs per draft vocabulary (or given ones, or another
+machine's profile), the draft vocabularies it has resolved, and what the cost-aware rule learned per method."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+
+import torch
+
+from . import methods
+from .calibration import Calibration
+from .costs import Costs
+from .decoding import Drafter
+from .drafters.token import TokenDrafter
+from .errors import PacerError
+from .pair import Pair
+from .policies.base import DraftPolicy
+from .policies.cost_aware import CostAwarePolicy, CostMemory
+from .request import MethodRequest
+
+
+class MethodFactory:
+    """The policies and drafters of method requests on ``pair``; ``draft_vocab``, ``costs`` and ``progress``: see
+    :class:`pacer.Decoder`."""
+
+    def __init__(self, pair: Pair, draft_vocab: int | str | Sequence[int] | None = "auto",
+                 costs: Costs | None = None, progress: bool = True) -> None:
+        self.pair = pair
+        self.draft_vocab = draft_vocab
+        self.progress = progress
+        self._calibrations: dict[int | None, Calibration] = {}
+        if costs is not None:
+            self._calibrations[None] = Calibration(costs, source="given")
+        self._given_costs = costs is not None
+        self._cost_memory: dict[str, CostMemory] = {}
+        self._draft_rows: dict[int | str, torch.Tensor | None] = {}
+
+    def calibration(self, rows: torch.Tensor | None = None, refresh: bool = False) -> Calibration:
+        """This machine's costs for this pair with draft vocabulary ``rows`` (cached; see
+        :mod:`pacer.calibration`). Costs given to the constructor are used for every vocabulary."""
+        if self._given_costs:
+            return self._calibrations[None]
+        key = None if rows is None else len(rows)
+        if refresh or key not in self._calibrations:
+            from .calibration import load_or_measure
+
+            cal = load_or_measure(self.pair, rows, refresh=refresh, progress=self.progress)
+            for note in cal.notes:
+                print(f"pacer: note: {note}", file=sys.stderr)
+            self._calibrations[key] = cal
+        return self._calibrations[key]
+
+    def use_profile(self, profile) -> list[str]:
+        """Decide with another machine's measured costs (a :class:`pacer.profiles.Profile` of this pair and
+        backend; refused otherwise): the cost-aware rule takes the profile's curve (not refined by this
+        machine's timings). Returns notes on softer differences (the draft's dtype or vocabulary)."""
+        from .profiles import pair_of
+
+        rows = self.draft_rows(self.draft_vocab) if self.pair.draft_info is not None else None
+        notes = profile.check_pair(*pair_of(self.pair, rows))
+        self._calibrations = {None: Calibration(profile.costs(), source=f"profile {profile.name}")}
+        self._given_costs = True
+        return notes
+
+    def draft_rows(self, draft_vocab: int | str | Sequence[int] | torch.Tensor | None) -> torch.Tensor | None:
+        """The draft's kept vocabulary rows for a ``draft_vocab`` setting (``None`` for the full vocabulary)."""
+        if draft_vocab == "auto":  # resolved once per decoder; a failure is said once and remembered
+            if "auto" not in self._draft_rows:
+                from .draftvocab import auto_size
+
+                size, rows = auto_size(self.pair), None
+                try:
+                    rows = self.draft_rows(size) if size else None
+                except PacerError as e:  # e.g. the corpus is not installed: draft from the full vocabulary
+                    print(f"pacer: note: drafting from the full vocabulary ({e})", file=sys.stderr)
+                self._draft_rows["auto"] = rows
+            return self._draft_rows["auto"]
+        if isinstance(draft_vocab, str):
+            raise PacerError(f"draft_vocab must be auto or a number of tokens, got {draft_vocab!r}")
+        if draft_vocab is None or (isinstance(draft_vocab, int) and draft_vocab == 0):
+            return None
+        if isinstance(draft_vocab, bool):
+            raise PacerError(f"draft_vocab must be a number of tokens, got {draft_vocab!r}")
+        if isinstance(draft_vocab, int):
+            from .draftvocab import load_or_build
+
+            if draft_vocab not in self._draft_rows:
+                self._draft_rows[draft_vocab] = load_or_build(self.pair, draft_vocab)
+            return self._draft_rows[draft_vocab]
+        return torch.as_tensor(list(draft_vocab), dtype=torch.long, device="cpu")
+
+    def make_policy(self, method: str | MethodRequest, rows: torch.Tensor | None = None,
+                    **settings) -> DraftPolicy:
+        """The draft-length policy of a :class:`~pacer.request.MethodRequest` (or of a method's name with its
+        settings and options as keywords, :meth:`MethodRequest.of`), for draft vocabulary ``rows``.
+
+        Under the cost-aware rule (:attr:`MethodRequest.aware`) the policy is wrapped in the rule of
+        :mod:`pacer.policies.cost_aware` on this machine's costs for ``rows``: a rule's threshold gives way to it
+        (an explicit one is kept), and ``min_draft`` defaults to 0, so a round where nothing pays is a plain
+        decoding step. A literal rule (``gamma``, a threshold) of a method whose drafter adds priced work to a
+        round (:attr:`~pacer.methods.registry.Method.extras`: Ouroboros' phrases and branches) keeps its length,
+        and that work is priced on the same costs (``CostAwarePolicy(length=False)``) unless ``cost_aware`` is
+        false."""
+        req = MethodRequest.of(method, **settings)
+        if not req.drafts:
+            raise PacerError(f"method '{req.method}' drafts nothing and has no draft-length policy")
+        aware = req.aware
+        policy = req.record.policy(methods.Build(self.pair, req.policy_options, req.bounds, req.gamma, aware, rows))
+        length = aware
+        if not aware and not (req.cost_aware is None and req.record.extras):
+            return policy
+        cal = self.calibration(rows)
+        costs = replace(cal.costs, policy_per_check=policy.check_seconds)
+        # what the rule learned about this method on this pair carries over to its next generation (keyed by the
+        # drafter's options too: what its branches yield is that drafter's; the vocabulary is in the rows' size)
+        size = None if rows is None else len(rows)
+        bounds = req.bounds
+        drafter = sorted((k, v) for k, v in req.drafter_options.items() if k != "draft_vocab")
+        key = "|".join(map(str, (req.method, sorted(req.policy_options.items()), drafter, bounds.get("min_draft"),
+                                 bounds.get("max_draft"), size, req.gamma, length)))
+        memory = self._cost_memory.setdefault(key, CostMemory())
+        # costs given to the Decoder (or a profile's) are taken as they are; measured ones follow the loop's timings
+        return CostAwarePolicy(policy, costs, source=cal.source,
+                               refine=0.2 if cal.source in ("measured", "cache") else 0.0, memory=memory,
+                               length=length)
+
+    def make_drafter(self, method: str | MethodRequest, **settings) -> Drafter:
+        """The drafter of a :class:`~pacer.request.MethodRequest` (or of a method's name with its options as
+        keywords); ``draft_vocab`` (every method) overrides the decoder's reduced draft vocabulary."""
+        req = MethodRequest.of(method, **settings)
+        m = req.record
+        if not m.drafts:
+            raise PacerError(f"method '{req.method}' drafts nothing")
+        if self.pair.draft_info is None and m.needs_draft:
+            raise PacerError(f"method '{req.method}' needs a draft model")
+        options = dict(req.drafter_options)
+        rows = self.draft_rows(options.pop("draft_vocab", self.draft_vocab)) if m.needs_draft else None
+        if m.drafter is None:
+            return TokenDrafter(self.pair.draft_backend(rows), self.pair.vocab)
+        return m.drafter(methods.Build(self.pair, options, rows=rows))
