@@ -11,6 +11,8 @@ an edge to each, except to a package that already contains the importing module 
 from __future__ import annotations
 
 import ast
+import importlib
+import re
 from pathlib import Path
 
 import pytest
@@ -341,7 +343,6 @@ def test_one_file_per_built_in_backend():
     """Each built-in backend is one file of ``pacer/backends/`` named after its record, holding the record's
     loader and version, its loaded-model class and its ``ModelBackend``; no other file of pacer defines a
     loaded-model class, and every file there is a backend."""
-    import importlib
     import inspect
 
     from pacer import backends
@@ -407,3 +408,48 @@ def test_the_decoder_is_small_and_copies_nothing():
     read = {n.attr for path in modules().values() for n in ast.walk(ast.parse(path.read_text()))
             if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load)}
     assert {"pair", "methods"} <= read
+
+
+# ------------------------------------------------------------------------------------ docs/architecture.md
+DOC = SRC.parent / "docs" / "architecture.md"
+#: a dotted name of pacer's (``pacer.pair.LoadSpec``) and a source or test file (``src/pacer/models.py``)
+DOTTED = re.compile(r"\bpacer(?:\.[A-Za-z_]\w*)+")
+FILE = re.compile(r"\b(?:src/)?pacer/[\w/]+\.py\b|\btests/test_\w+\.py\b")
+
+
+def _exists(name: str, mods: dict[str, Path]) -> bool:
+    """``name`` is a module of pacer's or a name a module defines (``pacer.backends.register``)."""
+    parts = name.split(".")
+    k = max(i for i in range(1, len(parts) + 1) if ".".join(parts[:i]) in mods)
+    if k == len(parts):
+        return True  # a module (not imported: ``pacer.__main__`` runs the command line)
+    obj = importlib.import_module(".".join(parts[:k]))
+    for attr in parts[k:]:
+        if not hasattr(obj, attr):
+            return False
+        obj = getattr(obj, attr)
+    return True
+
+
+def test_the_architecture_page_names_what_exists():
+    """Every module, name and file that docs/architecture.md names exists (a renamed or moved one fails here)."""
+    text = DOC.read_text()
+    mods = modules()
+    missing = sorted(n for n in set(DOTTED.findall(text)) if not _exists(n, mods))
+    root = SRC.parent
+    missing += sorted(f for f in set(FILE.findall(text))
+                      if not (root / f if f.startswith(("src/", "tests/")) else SRC / f).exists())
+    assert not missing, f"docs/architecture.md names what does not exist: {missing}"
+
+
+def test_the_architecture_page_draws_this_layout():
+    """The page's diagram lists each built-in backend's file and the layers of this module's rules, and states the
+    limits these tests check (the Decoder's size)."""
+    text = DOC.read_text()
+    diagram = text[text.index("## The parts"):text.index("## Arrows that must never exist")]
+    backends_files = sorted(p.name for p in BACKENDS_DIR.glob("*.py"))
+    assert all(f in diagram for f in backends_files), backends_files
+    assert all(m in diagram for m in ("pacer.models", "pacer.pair", "pacer.factory", "pacer.api.Decoder",
+                                      "pacer.decoding", "pacer.methods", "pacer.request"))
+    assert f"at most {DECODER_LINES} lines" in text
+    assert "`pacer.models` is backend-independent" in text and "No import cycle" in text
