@@ -230,22 +230,22 @@ def test_a_build_with_llamas_amx_kernels_is_refused_before_it_crashes(files, mon
     Xeon: a build that reports them is not used - ``auto`` takes PyTorch and says why, ``--backend llamacpp`` is a
     one-line error (exit 2) before any model loads - unless PACER_LLAMA_AMX=1 says it is known to work."""
     from pacer import backends
-    from pacer.backends import llamacpp as models
+    from pacer.backends import llamacpp
 
     amx = b"CPU : AVX2 = 1 | AVX512 = 1 | AVX512_BF16 = 1 | AMX_INT8 = 1 | LLAMAFILE = 1 | "
-    monkeypatch.delenv(models.LLAMA_AMX_ENV, raising=False)
-    assert "AMX kernels" in models.llama_amx_problem(amx)
-    assert models.llama_amx_problem(amx.replace(b"AMX_INT8 = 1 | ", b"")) is None
-    monkeypatch.setattr(models, "llama_amx_problem", lambda info=None: "built with llama.cpp's AMX kernels")
+    monkeypatch.delenv(llamacpp.LLAMA_AMX_ENV, raising=False)
+    assert "AMX kernels" in llamacpp.llama_amx_problem(amx)
+    assert llamacpp.llama_amx_problem(amx.replace(b"AMX_INT8 = 1 | ", b"")) is None
+    monkeypatch.setattr(llamacpp, "llama_amx_problem", lambda info=None: "built with llama.cpp's AMX kernels")
     t, d = str(files[0]), str(files[1])
     assert backends.resolve("auto", [t, d]) == "transformers"
     assert "AMX" in backends.reason("transformers")
     with pytest.raises(PacerError, match="AMX kernels"):
         backends.check("llamacpp", t, d)
     monkeypatch.undo()
-    monkeypatch.setenv(models.LLAMA_AMX_ENV, "1")
-    assert models.llama_amx_problem(amx) is None
-    env = {**os.environ, models.LLAMA_AMX_ENV: "0"}
+    monkeypatch.setenv(llamacpp.LLAMA_AMX_ENV, "1")
+    assert llamacpp.llama_amx_problem(amx) is None
+    env = {**os.environ, llamacpp.LLAMA_AMX_ENV: "0"}
     bad = ("import sys, pacer.backends.llamacpp as m; "
            "m.llama_amx_problem = lambda info=None: 'built with AMX kernels'; "
            "from pacer.cli import main; sys.exit(main())")
