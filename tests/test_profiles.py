@@ -121,7 +121,7 @@ def _damaged_profiles() -> list[tuple[str, object]]:
     """(field path, value) pairs: every field of a profile missing, empty, of the wrong type, NaN, infinite,
     negative or zero where a cost must be positive."""
     cases: list[tuple[str, object]] = []
-    bad_numbers = [float("nan"), float("inf"), float("-inf"), -0.1, "0.2", True, None, [0.2], {"x": 1}]
+    bad_numbers = [float("nan"), float("inf"), float("-inf"), -0.1, 1e308, "0.2", True, None, [0.2], {"x": 1}]
     for top in ("target_cost", "tree_cost", "draft_cost"):
         cases += [(f"{top}", "x"), (f"{top}", [1]), (f"{top}", 3), (f"{top}/32", {}), (f"{top}/32", [0.1]),
                   (f"{top}/32", None), (f"{top}/-5", {"1": 0.1}), (f"{top}/x", {"1": 0.1}),

@@ -165,11 +165,11 @@ def test_load_costs():
     assert c.target == {1: 0.5} and c.draft == 0.2  # pacer's calibration cache file
     with pytest.raises(PacerError, match="target"):
         load_costs({"draft": 0.1})
-    with pytest.raises(PacerError, match=r"'target'\['1'\] is 0.0 \(want a number of seconds > 0\)"):
+    with pytest.raises(PacerError, match=r"'target'\['1'\] is 0.0 \(want a number of seconds > 0 and <= 10000\)"):
         load_costs({"target": {"1": 0.0}})
 
 
-BAD_NUMBERS = [float("nan"), float("inf"), float("-inf"), -0.5, "0.5", True, None, [0.5], {"a": 1}]
+BAD_NUMBERS = [float("nan"), float("inf"), float("-inf"), -0.5, 1e308, "0.5", True, None, [0.5], {"a": 1}]
 
 
 @pytest.mark.parametrize("costs", [

@@ -153,11 +153,17 @@ def _required(d: dict, key: str) -> Any:
     return d[key]
 
 
+#: the most seconds a cost read from a file may hold: no forward takes hours (the slowest measured, a 16-token bf16
+#: forward on an AVX2-only CPU, about 5 s), and a larger figure (1e308, say) would price a long forward at infinity
+MAX_SECONDS = 1e4
+
+
 def read_seconds(v: Any, name: str, zero: bool = False) -> float:
-    """A cost read from a file: a JSON number (not a string, not a boolean), finite, ``> 0`` (``>= 0`` with
-    ``zero``)."""
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0 or (v == 0 and not zero):
-        want = "a number of seconds >= 0" if zero else "a number of seconds > 0"
+    """A cost read from a file: a JSON number (not a string, not a boolean), ``> 0`` (``>= 0`` with ``zero``) and at
+    most :data:`MAX_SECONDS`."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0 or (v == 0 and not zero) \
+            or v > MAX_SECONDS:
+        want = f"a number of seconds {'>=' if zero else '>'} 0 and <= {MAX_SECONDS:g}"
         raise BadField(f"{name} is {show_value(v)} (want {want})")
     return float(v)
 
