@@ -71,7 +71,8 @@ def planted(dec, prompt, phrase_of, gamma, candidates, phrases=True, max_new_tok
     """Generate with an empty, non-learning pool holding one planted entry ``phrase_of(ids, ar)``."""
     ids = dec.encode(prompt)
     ar = dec.generate(ids, "ar", max_new_tokens=max_new_tokens).token_ids
-    d = drafter(dec, sources=(), warm_start=False, candidates=candidates, phrases=phrases)
+    # the draft checks the phrase (not a round that verifies it alone: tests/test_sources.py)
+    d = drafter(dec, sources=(), warm_start=False, candidates=candidates, phrases=phrases, choose=False)
     key, cont = phrase_of(ids, ar)
     d.pool.add(tuple(key), tuple(cont), "prompt")
     res = dec.generate(ids, "ouroboros", max_new_tokens=max_new_tokens, gamma=gamma, drafter=d)
@@ -317,8 +318,8 @@ def test_siblings_are_lossless_and_extend_rounds(pairs, kind, monkeypatch):
         ids = dec.encode(prompt)
         ar = dec.generate(ids, "ar", max_new_tokens=40).token_ids
         for gamma in (3, 6):
-            res = dec.generate(ids, "ouroboros", max_new_tokens=40, gamma=gamma,
-                               options={"siblings": 4, "candidates": 1})
+            res = dec.generate(ids, "ouroboros", max_new_tokens=40, gamma=gamma,  # every round drafts
+                               options={"siblings": 4, "candidates": 1, "choose": False})
             assert res.token_ids == ar, (kind, prompt, gamma)
             rep = check_stats(res)
             assert rep["siblings_proposed"] > 0 and rep["siblings_accepted"] <= rep["siblings_proposed"]

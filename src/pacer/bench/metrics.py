@@ -251,7 +251,8 @@ def divergences(records: list[dict]) -> list[dict]:
 #: the counters of a phrase drafter's report (pacer.drafters.phrase.PhraseDrafter.report) the report sums
 DRAFTER_COUNTS = ("rounds", "draft_tokens", "draft_forwards", "phrase_tokens", "candidate_rounds",
                   "candidate_tokens_proposed", "candidate_accepted_tokens", "pool_rounds", "pool_tokens_proposed",
-                  "pool_accepted_tokens", "siblings_proposed", "siblings_accepted")
+                  "pool_accepted_tokens", "siblings_proposed", "siblings_accepted", "phrase_rounds",
+                  "phrase_round_tokens", "phrase_round_accepted")
 
 
 def drafter_totals(records: list[dict]) -> dict[str, dict[str, int]]:

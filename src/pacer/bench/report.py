@@ -262,16 +262,20 @@ def markdown(summary: dict, meta: dict) -> str:
         L.append("## Phrase drafting (the drafter's counters, all turns)\n")
         L.append("Draft tokens per draft forward (phrases checked in one forward); candidate branches after a draft; "
                  "*pool rounds*: rounds whose draft model drafted nothing and whose pool continuation was scored "
-                 "(priced as paying); siblings: the draft's second choice beside a draft token.\n")
+                 "(priced as paying); siblings: the draft's second choice beside a draft token; *phrase rounds*: "
+                 "rounds that verified a phrase alone, without the draft model, where it promised more tokens a "
+                 "second than a draft round.\n")
         L.append("| method | rounds | draft tokens / forward | candidate rounds | candidate tokens scored / accepted "
-                 "| pool rounds | pool tokens scored / accepted | siblings scored / accepted |")
-        L.append("|---|---|---|---|---|---|---|---|")
+                 "| pool rounds | pool tokens scored / accepted | siblings scored / accepted | phrase rounds | "
+                 "phrase tokens scored / accepted |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|")
         for m, t in summary["drafters"].items():
             per = t["draft_tokens"] / t["draft_forwards"] if t["draft_forwards"] else 0.0
             L.append(f"| {m} | {t['rounds']} | {per:.2f} | {t['candidate_rounds']} | "
                      f"{t['candidate_tokens_proposed']} / {t['candidate_accepted_tokens']} | {t['pool_rounds']} | "
                      f"{t['pool_tokens_proposed']} / {t['pool_accepted_tokens']} | "
-                     f"{t['siblings_proposed']} / {t['siblings_accepted']} |")
+                     f"{t['siblings_proposed']} / {t['siblings_accepted']} | {t['phrase_rounds']} | "
+                     f"{t['phrase_round_tokens']} / {t['phrase_round_accepted']} |")
         L.append("")
     L.append("## Plots\n")
     for p in PLOTS:

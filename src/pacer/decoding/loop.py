@@ -97,8 +97,9 @@ def speculative_generate(
             pending = tokens[target.length :]
             room = min(out.remaining, target.context - len(tokens)) - 1 - γ \
                 if sampling.greedy and (γ or draft.branches) else 0
-            ids, tree = draft.tree_inputs(pending, room, policy.branch_room(γ) if room > 0 else 0,
-                                          siblings=target.sibling_branches)
+            total = draft.branch_total if draft.branch_total is not None else \
+                policy.branch_room(γ, draft.branch_yield) if room > 0 else 0
+            ids, tree = draft.tree_inputs(pending, room, total, siblings=target.sibling_branches)
             # forward_view: the scores are read within this round, before the target's next forward
             scores, t_hs = target.forward_view(ids, tree=tree, keep=len(ids) - len(pending) + 1,
                                                hidden=policy.needs_target_hidden)

@@ -43,6 +43,12 @@ class Draft:
     bonus_row: int = -1
     #: seconds of the drafter's own bookkeeping in this proposal (a phrase pool's lookups and learning)
     pool_time: float = 0.0
+    #: the drafter's estimate of the accepted tokens per branch token, passed to the policy that prices the branches
+    #: (:meth:`pacer.policies.DraftPolicy.branch_room`; ``None``: the policy's own)
+    branch_yield: float | None = None
+    #: the branch tokens the drafter priced itself (a phrase verified alone, without the draft model): the loop
+    #: scores them as they are (``None``: the policy prices the branches)
+    branch_total: int | None = None
 
     #: the most unread tokens a tree forward may carry: a tree's mask covers every token of the forward, so over a
     #: prompt's prefill it takes the masked attention over the whole span (a 5,256-token prefill took 50.4 s as a

@@ -64,6 +64,7 @@ from ..errors import PacerError
 from ..io import atomic_write_text
 from ..policies.base import DraftState
 from ..sampling import argmax
+from .sources import LookupIndex, SourceEvidence
 from .token import TokenDrafter
 
 SOURCES = ("prompt", "output", "verify", "lookahead")
@@ -92,6 +93,9 @@ class PhrasePool:
         #: and of 54% of output phrases found by a 2-token key (docs/pacer.md, session 15)
         self.agreed_by: dict[tuple[str, int], list[list[int]]] = {}
         self.skipped = 0  # lookups left out since the last phrase check (see PhraseDrafter._phrase_len)
+        #: what each phrase source would have yielded, over the generations that used this pool
+        #: (:class:`pacer.drafters.sources.SourceEvidence`; made by the first drafter that chooses sources)
+        self.evidence = None
 
     #: prior of :meth:`agreement`: the chance, and its weight in phrase checks
     AGREE_PRIOR, AGREE_WEIGHT = 0.5, 2.0
@@ -335,7 +339,8 @@ class PhraseDrafter(TokenDrafter):
     the same for 1..8-10 tokens on this CPU and clearly more beyond, so branches only fill that flat part;
     ``siblings`` most sibling branches per round (default 0): the draft's second choice beside a draft token,
     where the policy prices it as paying (:meth:`pacer.policies.DraftPolicy.sibling_room`; a target backend
-    that scores no such tree gets none).
+    that scores no such tree gets none); ``choose`` (default true; greedy, under a cost model) per round the
+    draft model, a phrase verified alone or both, by predicted payoff (:mod:`pacer.drafters.sources`).
     """
 
     def __init__(self, backend: ModelBackend, vocab: int, ngram: int | None = None,
@@ -343,7 +348,7 @@ class PhraseDrafter(TokenDrafter):
                  candidate_len: int | None = None, key_len: int = 2,
                  sources: str | tuple[str, ...] | list[str] = SOURCES, warm_start: bool = True,
                  pool_file: str | Path | None = None, phrases: bool = True, pool_tag: str = "",
-                 tree_size: int | None = 10, siblings: int | None = None) -> None:
+                 tree_size: int | None = 10, siblings: int | None = None, choose: bool = True) -> None:
         super().__init__(backend, vocab)
         ngram = 6 if ngram is None else int(ngram)
         pool_size = 20000 if pool_size is None else int(pool_size)
@@ -383,6 +388,12 @@ class PhraseDrafter(TokenDrafter):
         self._branch_keys: list[tuple[Key, Key] | None] = []
         self._seen = 0
         self.sibling_rate = SiblingRate()
+        self.choose = bool(choose)
+        if self.pool.evidence is None:
+            self.pool.evidence = SourceEvidence()
+        self.evidence: SourceEvidence = self.pool.evidence
+        self.index = LookupIndex()
+        self._phrase_round = False
 
     # ----------------------------------------------------------------------------------------------- pool
     def _learn(self, seq: list[int], source: str, **kw) -> None:
@@ -397,6 +408,9 @@ class PhraseDrafter(TokenDrafter):
     def reset(self) -> None:
         super().reset()
         self.pool.generation += 1
+        self.evidence.new_generation()
+        self.index = LookupIndex()
+        self._phrase_round = False
         self.counts = Counter()
         self.phrase_hits = Counter()
         self.candidate_hits = Counter()
@@ -408,6 +422,16 @@ class PhraseDrafter(TokenDrafter):
         """A round that drafts nothing does no pool work and proposes no branches (the pool catches up with the
         committed tokens at the next round that drafts: :func:`learn_committed` is incremental)."""
         self._pool_seconds = 0.0
+        self._phrase_round = False
+        if sampling.greedy and self.choose and budget > 0:
+            draft = self._timed(self._choose, tokens, policy, budget, remaining)
+            if draft is not None:
+                self._phrase_round = True
+                self.counts["rounds"] += 1
+                self.counts["phrase_rounds"] += 1
+                draft.pool_time = self._pool_seconds
+                self._last = draft
+                return draft
         if not sampling.greedy or not self.phrases:
             draft = super().propose(tokens, policy, budget, sampling, gen, remaining)
             if draft.tokens:
@@ -419,8 +443,10 @@ class PhraseDrafter(TokenDrafter):
         self.counts["draft_forwards"] += draft.forwards
         if sampling.greedy and (self.candidates or self.siblings) and draft.tokens:
             self._timed(self._add_candidates, tokens, draft, policy)
-        elif sampling.greedy and self.candidates and not draft.tokens and budget > 0 and policy.branch_room(0) > 0:
+        elif sampling.greedy and self.candidates and not draft.tokens and budget > 0 \
+                and policy.branch_room(0, self._pool_yield(tokens)) > 0:
             self._timed(self._pool_candidates, tokens, draft)
+            draft.branch_yield = self._pool_yield(tokens)
         draft.pool_time = self._pool_seconds
         self._last = draft
         return draft
@@ -432,6 +458,49 @@ class PhraseDrafter(TokenDrafter):
             return fn(*args, **kw)
         finally:
             self._pool_seconds += time.perf_counter() - t
+
+    def _choose(self, tokens: list[int], policy, budget: int, remaining: int = 0) -> Draft | None:
+        """Score the sources' earlier predictions against the committed ``tokens``, record theirs for this one, and
+        return a round that verifies the best phrase alone (no draft forward) where its expected committed tokens
+        per second beat a draft round's (:meth:`pacer.policies.DraftPolicy.phrase_rate`, ``draft_rate``); ``None``:
+        the draft model drafts (with phrases and branches where they pay). See :mod:`pacer.drafters.sources`."""
+        ev = self.evidence
+        ev.score(tokens)
+        self.index.sync(tokens)
+        self._sync(tokens)
+        at = len(tokens)
+        found: list[tuple[tuple[str, int], tuple[int, ...], tuple[Key, Key] | None]] = []
+        k, cont = self.index.find(tokens)
+        if cont:  # the generation's own text, the prompt first: the first phrase source
+            found.append((("lookup", k), cont, None))
+        for kc in self.pool.lookup(tokens, 1):
+            found.append((("pool", len(kc[0])), kc[1], kc))
+        for kind, phrase, _ in found:
+            ev.predict(kind, at, phrase)
+        rate_d = policy.draft_rate(max(0, len(tokens) - self.backend.length - 1), remaining)
+        if rate_d is None or not found:
+            return None
+        best, best_rate = None, rate_d
+        for kind, phrase, kc in found:
+            L, rate = policy.phrase_rate(ev.accept(kind, min(len(phrase), budget)))
+            if L and rate > best_rate:
+                best, best_rate = (list(phrase[:L]), kc), rate
+        if best is None:
+            return None
+        draft = Draft([], None, DraftState(), branches=[best[0]], anchors=[0])
+        draft.branch_total = len(best[0])
+        self._branch_keys = [best[1]]
+        self._leftover = []
+        return draft
+
+    def _pool_yield(self, tokens: list[int]) -> float | None:
+        """This generation's evidence of what the pool's continuation of ``tokens`` yields per token scored
+        (``None``: not choosing sources, the policy's own yield)."""
+        if not self.choose:
+            return None
+        found = self.pool.lookup(tokens, 1)
+        kind = ("pool", len(found[0][0])) if found else ("pool", 1)
+        return self.evidence.branch_yield(kind, self.candidate_len)
 
     def _propose_phrases(self, tokens, policy, budget, remaining: int = 0) -> Draft:
         p = Proposal(policy, budget, len(tokens) - self.backend.length - 1, remaining, needs=self.needs)  # greedy
@@ -529,6 +598,8 @@ class PhraseDrafter(TokenDrafter):
         if self.candidates > len(found):
             found += [(kc, list(kc[1])) for kc in self.pool.lookup(ctx, self.candidates - len(found), firsts)]
         branches, keys = self._fit(found, left)
+        if self.choose and keys and keys[0] is not None:  # pool continuations: this generation's evidence prices them
+            draft.branch_yield = self.evidence.branch_yield(("pool", len(keys[0][0])), self.candidate_len)
         self._leftover = []
         # siblings last: where the loop drops them (a backend without such trees), the others keep their index
         draft.branches = branches + [[st.second_token[i]] for i in sib]
@@ -567,6 +638,12 @@ class PhraseDrafter(TokenDrafter):
     def observe(self, tokens: list[int], target_argmax: list[int], accepted: int) -> None:
         draft, n = self._last, accepted
         if draft is None:
+            return
+        if self._phrase_round:  # a phrase verified alone (_choose)
+            self.counts["phrase_round_tokens"] += sum(len(b) for b in draft.branches)
+            self.counts["phrase_round_accepted"] += len(draft.extension)
+            if draft.extension and self._branch_keys and self._branch_keys[0] is not None:
+                self.candidate_hits[self.pool.touch(*self._branch_keys[0])] += 1
             return
         if not draft.tokens:  # a round of pool continuations alone (_pool_candidates)
             if draft.branches:
@@ -616,6 +693,9 @@ class PhraseDrafter(TokenDrafter):
             if c["candidate_rounds"] else 0.0,
             "phrase_hits_by_source": dict(self.phrase_hits),
             "candidate_hits_by_source": dict(self.candidate_hits),
+            "phrase_rounds": c["phrase_rounds"],
+            "phrase_round_tokens": c["phrase_round_tokens"],
+            "phrase_round_accepted": c["phrase_round_accepted"],
             "pool_rounds": c["pool_rounds"],
             "pool_tokens_proposed": c["pool_tokens"],
             "pool_accepted_tokens": c["pool_accepted_tokens"],

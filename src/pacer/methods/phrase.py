@@ -25,6 +25,9 @@ PHRASE_OPTIONS = (
     Option("siblings", int, "ouroboros: most sibling branches per round - the draft's second choice beside a draft "
            "token, where the cost rule prices it as paying at the hit rate the drafter learnt (default 0)",
            to="drafter", minimum=0),
+    Option("choose", bool, "ouroboros: per round, the draft model, a phrase verified alone or both, by predicted "
+           "payoff from what each earned in this generation (default true; greedy, under the cost rule)",
+           to="drafter"),
     Option("tree_size", int, "ouroboros: most tokens one verification scores with the branches (0: no cap)",
            to="drafter", minimum=0),
 )

@@ -172,11 +172,24 @@ class DraftPolicy:
         policy has no such score). The cost-aware rule calibrates it against the verifier's verdicts."""
         return None
 
-    def branch_room(self, drafted: int) -> int:
+    def branch_room(self, drafted: int, yield_: float | None = None) -> int:
         """How many candidate-branch tokens (Ouroboros) the target may score after a draft of ``drafted`` tokens;
         unbounded unless a cost model says otherwise. After a draft of nothing (a phrase pool's continuation of the
-        committed text in a round where the draft model drafts nothing): none unless a cost model prices them."""
+        committed text in a round where the draft model drafts nothing): none unless a cost model prices them.
+        ``yield_``: the drafter's estimate of the accepted tokens per branch token (``None``: the policy's own)."""
         return 1 << 30 if drafted > 0 else 0
+
+    def draft_rate(self, catch_up: int = 0, remaining: int = 0) -> float | None:
+        """Expected committed tokens per second of a round that runs the draft model, its reading of ``catch_up``
+        committed tokens it has not seen included (its share over the ``remaining`` tokens the generation may
+        emit; ``None``: no cost model, no such estimate)."""
+        return None
+
+    def phrase_rate(self, accept: list[float]) -> tuple[int, float]:
+        """How many tokens of a phrase to verify alone in a round without the draft model, and that round's
+        expected committed tokens per second, from ``accept[j - 1]``, the chance that its first ``j`` tokens are
+        all accepted (``(0, 0.0)``: never without a cost model)."""
+        return 0, 0.0
 
     def sibling_room(self, state: DraftState, hits: list[float]) -> list[int]:
         """Which draft positions get a sibling branch (greedy): ``i`` - the draft's second choice for ``d_{i+1}``,

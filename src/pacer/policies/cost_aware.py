@@ -249,6 +249,8 @@ class CostAwarePolicy(DraftPolicy):
         self.scale_d = self.scale_t = 1.0
         self.costs = self.base
         self.rounds = self.zero_rounds = 0
+        #: this generation's own verdicts per draft position (:meth:`gen_alpha`): ``[accepted, trials]``
+        self.gen_counts = [[0, 0] for _ in range(len(self.memory.hits))]
         self._new_round()
 
     def _new_round(self) -> None:
@@ -311,24 +313,68 @@ class CostAwarePolicy(DraftPolicy):
         self.declined = n == 0 and not go
         return go
 
-    def branch_room(self, drafted: int) -> int:
+    #: weight (in rounds) of the decoder's acceptance against this generation's own in :meth:`gen_alpha`
+    GEN_WEIGHT = 4.0
+
+    def gen_alpha(self, i: int) -> float:
+        """``α_i`` of this generation: its own verdicts at draft position ``i``, shrunk towards the decoder's
+        (:meth:`CostMemory.alpha`) with weight :attr:`GEN_WEIGHT` rounds."""
+        a, c = self.gen_counts[min(max(i, 1), len(self.gen_counts) - 1)]
+        return (a + self.GEN_WEIGHT * self.memory.alpha(i)) / (c + self.GEN_WEIGHT)
+
+    def draft_rate(self, catch_up: int = 0, remaining: int = 0) -> float:
+        """Expected committed tokens per second of a round that runs the draft model: the best over ``γ`` (within
+        the wrapped policy's bound; 0 is plain decoding) of ``E_γ / T_γ`` with ``S_i = Π_{j<=i} α_j`` from this
+        generation's acceptance (:meth:`gen_alpha`) and ``T_γ`` the round's priced seconds. The draft's reading of
+        ``catch_up`` committed tokens it has not seen (``catch_up · c_pre``, as :func:`catch_up_pays` prices it) is
+        a one-time cost: the round carries its share over the ``remaining`` tokens the generation may emit
+        (``E_γ / remaining`` of it; all of it where ``remaining`` is unknown)."""
+        c = self.costs
+        once = catch_up * c.draft_prefill if catch_up > 0 else 0.0
+        best = 1.0 / c.target_cost(1)
+        S = E = 1.0
+        for g in range(1, min(self.max_draft, self.MAX_BRANCH) + 1):
+            S *= self.gen_alpha(g)
+            E += S
+            share = once * min(1.0, E / remaining) if remaining > 0 else once
+            best = max(best, E / (share + g * (c.draft + c.policy_per_check) + c.target_cost(g + 1)))
+        return best
+
+    def phrase_rate(self, accept: list[float]) -> tuple[int, float]:
+        """A round that verifies a phrase alone, without the draft model: ``accept[j - 1]`` the chance that its
+        first ``j`` tokens are all accepted. Returns the ``L`` (>= 1) of its tokens to score with the best expected
+        committed tokens per second, ``(1 + Σ_{j<=L} accept) / c_t(1 + L)``, and that rate (``(0, 0.0)``: no
+        phrase)."""
+        best, best_rate, E = 0, 0.0, 1.0
+        for L, a in enumerate(accept[: self.MAX_BRANCH], 1):
+            E += a
+            rate = E / self.costs.target_cost(1 + L)
+            if rate > best_rate:
+                best, best_rate = L, rate
+        return best, best_rate
+
+    def branch_room(self, drafted: int, yield_: float | None = None) -> int:
         """Candidate-branch tokens (Ouroboros) pay like draft tokens: the ``b`` that maximises the round's expected
         throughput ``(E_γ + S_γ · y · b) / (T_γ + c_tree(γ + 1 + b) - c_t(γ + 1))``, where a branch token is
         only read when all ``γ`` draft tokens survive (``S_γ``) and then yields ``y`` accepted tokens (learned
         from the verdicts, :meth:`CostMemory.branch_yield`); 0 when no ``b`` beats none (where verification costs
         ``∝ k``, or a tree forward takes a dearer kernel). Nothing drafted (``γ = 0``, a phrase pool's
         continuation of the committed text): ``E = 1``, ``T = c_t(1)``, every branch read, its yield learnt apart
-        (:meth:`CostMemory.pool_yield`); the wrapped policy's bound does not apply (it prices nothing here)."""
+        (:meth:`CostMemory.pool_yield`); the wrapped policy's bound does not apply (it prices nothing here).
+        ``yield_``: the drafter's own estimate of ``y`` for these branches (this generation's evidence,
+        :class:`pacer.drafters.sources.SourceEvidence`), in place of the learnt one."""
         if drafted <= 0:
             E, base = 1.0, self.costs.target_cost(1)
-            return self._best_branch(E, base, base, self.memory.pool_yield(), 1, self.MAX_BRANCH)
+            y = self.memory.pool_yield() if yield_ is None else yield_
+            return self._best_branch(E, base, base, y, 1, self.MAX_BRANCH)
         cap = min(self.inner.branch_room(drafted), self.MAX_BRANCH)
         S = self.S[:drafted] + [self.S[-1] if self.S else 1.0] * (drafted - len(self.S))
         E = 1.0 + sum(S)
         k = drafted + 1
         base = self.costs.target_cost(k)
         T = max(self.spent, drafted * (self.costs.draft + self.costs.policy_per_check)) + base
-        return self._best_branch(E, T, base, S[-1] * self.memory.branch_yield(), k, cap)
+        y = self.memory.branch_yield() if yield_ is None else yield_
+        return self._best_branch(E, T, base, S[-1] * y, k, cap)
 
     def _best_branch(self, E: float, T: float, base: float, gain: float, k: int, cap: int) -> int:
         """The ``b <= cap`` maximising ``(E + gain · b) / (T + c_tree(k + b) - base)`` (0: none beats the round)."""
@@ -386,6 +432,9 @@ class CostAwarePolicy(DraftPolicy):
         if γ:  # before the wrapped policy forgets the round (a layer's memo of the draft it has read)
             self._survival(state)
             self.memory.update(self.raw, γ, n)
+            for i in range(1, min(n + 1, γ, len(self.gen_counts) - 1) + 1):  # as CostMemory.update counts
+                self.gen_counts[i][1] += 1
+                self.gen_counts[i][0] += i <= n
         elif self.declined:
             self.memory.fade()
         self.inner.update(state, result)
