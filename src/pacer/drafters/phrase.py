@@ -68,6 +68,8 @@ from .sources import LookupIndex, SourceEvidence
 from .token import TokenDrafter
 
 SOURCES = ("prompt", "output", "verify", "lookahead")
+#: a candidate branch found in the generation's own text (:class:`pacer.drafters.sources.LookupIndex`), not the pool
+LOOKUP = "lookup"
 Key = tuple[int, ...]
 
 
@@ -385,7 +387,8 @@ class PhraseDrafter(TokenDrafter):
         self.candidate_hits: Counter = Counter()  # accepted branches, by source (``leftover``: cut phrase)
         self._leftover: list[int] = []
         self._last: Draft | None = None
-        self._branch_keys: list[tuple[Key, Key] | None] = []
+        #: per branch scored, its pool entry (``None``: a phrase the draft agreed with; :data:`LOOKUP`: the lookup)
+        self._branch_keys: list[tuple[Key, Key] | str | None] = []
         self._seen = 0
         self.sibling_rate = SiblingRate()
         self.choose = bool(choose)
@@ -597,9 +600,16 @@ class PhraseDrafter(TokenDrafter):
         firsts = {b[0] for _, b in found}
         if self.candidates > len(found):
             found += [(kc, list(kc[1])) for kc in self.pool.lookup(ctx, self.candidates - len(found), firsts)]
+        kind = next((("pool", len(kc[0])) for kc, _ in found if kc is not None), None)
+        if self.choose and self.candidates and not self._leftover:
+            k, cont = self.index.find(ctx)  # the generation's own text, the prompt first, where it earned it
+            if cont and (kind is None or self.evidence.accept(("lookup", k), 1)[0]
+                         >= self.evidence.accept(kind, 1)[0]):
+                found = [(LOOKUP, list(cont))] + [f for f in found if f[1][0] != cont[0]]
+                found, kind = found[: self.candidates], ("lookup", k)
         branches, keys = self._fit(found, left)
-        if self.choose and keys and keys[0] is not None:  # pool continuations: this generation's evidence prices them
-            draft.branch_yield = self.evidence.branch_yield(("pool", len(keys[0][0])), self.candidate_len)
+        if self.choose and keys and keys[0] is not None and kind is not None:  # this generation's evidence prices
+            draft.branch_yield = self.evidence.branch_yield(kind, self.candidate_len)
         self._leftover = []
         # siblings last: where the loop drops them (a backend without such trees), the others keep their index
         draft.branches = branches + [[st.second_token[i]] for i in sib]
@@ -668,7 +678,8 @@ class PhraseDrafter(TokenDrafter):
                 self.counts["candidate_accepted_rounds"] += 1
                 self.counts["candidate_accepted_tokens"] += len(draft.extension)
                 item = self._branch_keys[draft.branch] if 0 <= draft.branch < len(self._branch_keys) else None
-                self.candidate_hits["leftover" if item is None else self.pool.touch(*item)] += 1
+                self.candidate_hits["leftover" if item is None else item if item == LOOKUP
+                                    else self.pool.touch(*item)] += 1
 
     def finish(self) -> None:
         if self.pool_file is not None:
