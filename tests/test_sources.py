@@ -99,7 +99,7 @@ def test_draft_model_is_not_run_where_phrases_pay_and_it_does_not(pairs, prompt)
     ar = dec.generate(ids, "ar", max_new_tokens=40).token_ids
     for choose in (True, False):
         d = recorder(dec, choose=choose, candidates=1)
-        d.pool.add_sequence(ids + ar, "prompt")
+        d.pool.add_sequence(ids + ar, "prompt", partial=True)
         res = dec.generate(ids, "ouroboros", max_new_tokens=40, drafter=d,
                            policy=CostAwarePolicy(FixedPolicy(gamma=8), CURVE, refine=0.0))
         assert res.token_ids == ar

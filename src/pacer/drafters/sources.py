@@ -49,7 +49,7 @@ class SourceEvidence:
     generation and over all earlier ones (:meth:`new_generation` moves one into the other)."""
 
     #: prior of the rate over all generations: the chance, and its weight in phrases scored
-    PRIOR, PRIOR_WEIGHT = 0.3, 2.0
+    PRIOR, PRIOR_WEIGHT = 0.2, 2.0
     #: weight (in phrases scored) of the earlier generations' rate against this generation's own
     GEN_WEIGHT = 3.0
 

@@ -324,8 +324,9 @@ class CostAwarePolicy(DraftPolicy):
 
     def draft_rate(self, catch_up: int = 0, remaining: int = 0) -> float:
         """Expected committed tokens per second of a round that runs the draft model: the best over ``γ`` (within
-        the wrapped policy's bound; 0 is plain decoding) of ``E_γ / T_γ`` with ``S_i = Π_{j<=i} α_j`` from this
-        generation's acceptance (:meth:`gen_alpha`) and ``T_γ`` the round's priced seconds. The draft's reading of
+        the wrapped policy's bound and the ``remaining`` tokens; 0 is plain decoding) of ``E_γ / T_γ`` with
+        ``S_i = Π_{j<=i} α_j`` from this generation's acceptance (:meth:`gen_alpha`) and ``T_γ`` the round's priced
+        seconds. The draft's reading of
         ``catch_up`` committed tokens it has not seen (``catch_up · c_pre``, as :func:`catch_up_pays` prices it) is
         a one-time cost: the round carries its share over the ``remaining`` tokens the generation may emit
         (``E_γ / remaining`` of it; all of it where ``remaining`` is unknown)."""
@@ -333,7 +334,8 @@ class CostAwarePolicy(DraftPolicy):
         once = catch_up * c.draft_prefill if catch_up > 0 else 0.0
         best = 1.0 / c.target_cost(1)
         S = E = 1.0
-        for g in range(1, min(self.max_draft, self.MAX_BRANCH) + 1):
+        most = min(self.max_draft, self.MAX_BRANCH, remaining - 1 if remaining > 0 else self.MAX_BRANCH)
+        for g in range(1, most + 1):
             S *= self.gen_alpha(g)
             E += S
             share = once * min(1.0, E / remaining) if remaining > 0 else once
