@@ -4,8 +4,8 @@ predicted payoff from what each source earned in this generation; lossless whate
 import pytest
 
 from pacer.costs import Costs
-from pacer.drafters.phrase import PhraseDrafter
-from pacer.drafters.sources import LookupIndex, SourceEvidence
+from pacer.drafters.phrase import LookupIndex, PhraseDrafter
+from pacer.drafters.sources import SourceEvidence
 from pacer.policies import FixedPolicy
 from pacer.policies.cost_aware import CostAwarePolicy
 

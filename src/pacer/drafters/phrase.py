@@ -64,7 +64,7 @@ from ..errors import PacerError
 from ..io import atomic_write_text
 from ..policies.base import DraftState
 from ..sampling import argmax
-from .sources import LookupIndex, SourceEvidence
+from .sources import LOOKUP_LEN, SourceEvidence
 from .token import TokenDrafter
 
 SOURCES = ("prompt", "output", "verify", "lookahead")
@@ -260,6 +260,34 @@ def learn_committed(pool: PhrasePool, tokens: list[int], seen: int, learn) -> in
         lo = max(0, seen - pool.ngram - pool.key_len)
         learn(tokens[lo:], "output", min_end=seen - lo)
     return len(tokens)
+
+
+class LookupIndex:
+    """The generation's own text - its prompt, then what it commits - as n-grams with keys of up to
+    ``key_len`` tokens (prompt lookup; what :class:`pacer.drafters.sources.SourceEvidence` scores as the ``lookup``
+    source); :meth:`find` takes the longest key that matches."""
+
+    def __init__(self, ngram: int = LOOKUP_LEN, key_len: int = 3) -> None:
+        self.pool = PhrasePool(ngram, 1 << 16, key_len)
+        self.seen = 0
+
+    def sync(self, tokens: list[int]) -> None:
+        """Index the tokens committed since the last call (the prompt at the first; a short continuation at the
+        end is kept, so text just committed is found at once)."""
+        if len(tokens) <= self.seen:
+            return
+        lo = max(0, self.seen - self.pool.ngram - self.pool.key_len)
+        self.pool.add_sequence(tokens[lo:], "output" if self.seen else "prompt", min_end=self.seen - lo,
+                               partial=True)
+        self.seen = len(tokens)
+
+    def find(self, context: list[int]) -> tuple[int, tuple[int, ...]]:
+        """``(key length, continuation)`` of the longest match for the end of ``context`` (``(0, ())``: none)."""
+        found = self.pool.lookup(context, 1)
+        if not found:
+            return 0, ()
+        key, cont = found[0]
+        return len(key), cont
 
 
 def rejection_phrase(tokens: list[int], draft: list[int], target_argmax: list[int], accepted: int,

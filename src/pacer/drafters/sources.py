@@ -5,8 +5,8 @@ generation (:class:`SourceEvidence`) and the measured costs (:meth:`pacer.polici
 **Phrase sources.** A phrase is a continuation of the committed text found by an n-gram match:
 
 * ``lookup`` - the generation's own text (the prompt first: an article to summarize, retrieved passages, code to
-  edit; then the committed output and the target's tokens past a rejection) indexed with keys of up to
-  :data:`LOOKUP_KEY` tokens, the longest match first (prompt lookup). A grounded prompt is the first phrase source;
+  edit; then the committed output) indexed with keys of up to 3 tokens, the longest match first (prompt lookup;
+  :class:`pacer.drafters.phrase.LookupIndex`). A grounded prompt is the first phrase source;
 * ``pool``   - the Ouroboros phrase pool (:class:`pacer.drafters.phrase.PhrasePool`: also earlier generations'
   text and the draft's own guesses), keyed by one or two tokens.
 
@@ -35,9 +35,7 @@ whose continuations this text does not take is not verified after a few rounds.
 
 from __future__ import annotations
 
-#: the longest key of the generation's lookup index (prompt lookup's default: 3)
-LOOKUP_KEY = 3
-#: the longest phrase a lookup match proposes
+#: the longest phrase a lookup match proposes (:class:`pacer.drafters.phrase.LookupIndex`)
 LOOKUP_LEN = 8
 
 Kind = tuple[str, int]
@@ -113,32 +111,3 @@ class SourceEvidence:
         """Phrases of ``kind`` scored in this generation."""
         rows = self.gen.get(kind)
         return rows[0][1] if rows else 0
-
-
-class LookupIndex:
-    """The generation's own text - its prompt, then what it commits - as n-grams with keys of up to
-    :data:`LOOKUP_KEY` tokens (prompt lookup); :meth:`find` takes the longest key that matches."""
-
-    def __init__(self, ngram: int = LOOKUP_LEN, key_len: int = LOOKUP_KEY) -> None:
-        from .phrase import PhrasePool  # phrase.py builds these
-
-        self.pool = PhrasePool(ngram, 1 << 16, key_len)
-        self.seen = 0
-
-    def sync(self, tokens: list[int]) -> None:
-        """Index the tokens committed since the last call (the prompt at the first; a short continuation at the
-        end is kept, so text just committed is found at once)."""
-        if len(tokens) <= self.seen:
-            return
-        lo = max(0, self.seen - self.pool.ngram - self.pool.key_len)
-        self.pool.add_sequence(tokens[lo:], "output" if self.seen else "prompt", min_end=self.seen - lo,
-                               partial=True)
-        self.seen = len(tokens)
-
-    def find(self, context: list[int]) -> tuple[int, tuple[int, ...]]:
-        """``(key length, continuation)`` of the longest match for the end of ``context`` (``(0, ())``: none)."""
-        found = self.pool.lookup(context, 1)
-        if not found:
-            return 0, ()
-        key, cont = found[0]
-        return len(key), cont
