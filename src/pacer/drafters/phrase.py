@@ -495,6 +495,9 @@ class PhraseDrafter(TokenDrafter):
         return a round that verifies the best phrase alone (no draft forward) where its expected committed tokens
         per second beat a draft round's (:meth:`pacer.policies.DraftPolicy.phrase_rate`, ``draft_rate``); ``None``:
         the draft model drafts (with phrases and branches where they pay). See :mod:`pacer.drafters.sources`."""
+        rate_d = policy.draft_rate(max(0, len(tokens) - self.backend.length - 1), remaining)
+        if rate_d is None or policy.phrase_rate([1.0] * min(LOOKUP_LEN, budget))[1] <= rate_d * (1 + 1e-9):
+            return None  # no cost model, or not even a phrase all right would pay (a linear curve): no pool work
         ev = self.evidence
         ev.score(tokens)
         self.index.sync(tokens)
@@ -508,8 +511,7 @@ class PhraseDrafter(TokenDrafter):
             found.append((("pool", len(kc[0])), kc[1], kc))
         for kind, phrase, _ in found:
             ev.predict(kind, at, phrase)
-        rate_d = policy.draft_rate(max(0, len(tokens) - self.backend.length - 1), remaining)
-        if rate_d is None or not found:
+        if not found:
             return None
         best, best_rate = None, rate_d
         for kind, phrase, kc in found:
