@@ -1,4 +1,4 @@
-"""Devices (issue 17): ``--device`` / ``Decoder(device=)``: how ``auto`` resolves and what is refused before any model
+"""Devices: ``--device`` / ``Decoder(device=)``: how ``auto`` resolves and what is refused before any model
 loads; every method makes what its models read on their device (checked on any machine with a fake default device);
 every method greedy-exact and the sampling rule exact on CUDA where there is one (the ``cuda`` cases skip elsewhere);
 and the GPU check's Python side (``python scripts/gpu_check.py --device cpu --quick``)."""

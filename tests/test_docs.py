@@ -97,8 +97,8 @@ PROGRESS = re.compile(r"\b[Ss]essions? \d+|\b[Ii]ssues?[ -]?#?\d+|(?<![\w&/#])#\
 UPSTREAM = re.compile(r"\b(PRs?|RFCs?|pull)\b[^.;]{0,60}$")
 DATED_HEADING = re.compile(r"^#{1,6} .*\b20\d\d-\d\d-\d\d", re.M)
 PATH_UP = re.compile(r"(?<![\w./])((?:\.\./)+[\w./-]+)")
-#: where the progress-log words are never written: what a user reads and runs
-PRODUCT = ["README.md", "docs", "experiments/README.md"]
+#: where the progress-log words are never written: everything a user reads and runs
+PRODUCT = ["README.md", "docs", "src", "tests", "scripts", "experiments", ".ci", "pyproject.toml"]
 
 
 def progress_words(text: str) -> list[str]:
@@ -184,9 +184,10 @@ def test_bench_keeps_only_cited_reports():
 def test_the_checkers_catch_what_they_should(tmp_path):
     """The checkers themselves, on text made here (so that this file holds none of the words it forbids)."""
     sess, iss = "Sess" + "ion", "iss" + "ue"
-    text = (f"{sess} 17 found it; see {iss} 25 and {iss.title()}-#26; fixed in #31.\n"
+    n26, n31 = "#" + "26", "#" + "31"
+    text = (f"{sess} 17 found it; see {iss} 25 and {iss.title()}-{n26}; fixed in {n31}.\n"
             "Colour #1f77b4, vLLM PR #39487, PRs #1, #2; RFC #48202; x = y  # 0 rows\n")
-    assert [w.split(": ")[1] for w in progress_words(text)] == [f"{sess} 17", f"{iss} 25", f"{iss.title()}-#26", "#31"]
+    assert [w.split(": ")[1] for w in progress_words(text)] == [f"{sess} 17", f"{iss} 25", f"{iss.title()}-{n26}", n31]
     assert DATED_HEADING.search("## 2026-12-05 (evening): a finding")
     assert not DATED_HEADING.search("measured 2026-12-05")
     (tmp_path / "docs").mkdir()

@@ -1,4 +1,4 @@
-"""The forward ledger and the per-round time breakdown (issue 25), on the pure-Python fake backend: every forward
+"""The forward ledger and the per-round time breakdown, on the pure-Python fake backend: every forward
 of a generation is recorded with its size and context, the parts of the breakdown add up to the wall time, and a
 round that drafts nothing does what plain decoding does (no draft call, no tree, no pool work)."""
 

@@ -1,4 +1,4 @@
-"""The training-prompt mix (issue 15): categories, the benchmark guard, the ShareGPT split, a balanced prefix."""
+"""The training-prompt mix: categories, the benchmark guard, the ShareGPT split, a balanced prefix."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Small behaviours that a mutation audit (issue 29) found no test would notice if they broke: each test here fails
+"""Small behaviours that a mutation audit found no test would notice if they broke: each test here fails
 with the named bug planted (the phrase learned after a rejection, streamed text holding back split characters)."""
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ def test_training_on_separable_features_reaches_high_auc(tmp_path):
 
 
 def test_layer_must_beat_its_own_scalar_inputs_where_only_hidden_states_know(tmp_path):
-    """Validation test of training (issue 15): where acceptance is written in the hidden states and the scalar
+    """Validation test of training: where acceptance is written in the hidden states and the scalar
     features (the rules' inputs) are noise, the layer's survival AUC and predicted speedup must beat the
     features-only model and the rules by a clear margin - a layer that ignored its hidden inputs fails this."""
     data = synthetic_collection(tmp_path / "data", rounds=600)

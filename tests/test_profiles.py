@@ -1,4 +1,4 @@
-"""Cost profiles and the profile clock (issue 24): the clock's arithmetic, context and tree pricing, every call kind
+"""Cost profiles and the profile clock: the clock's arithmetic, context and tree pricing, every call kind
 priced (a missing one fails), another pair or backend refused in one line, the files round-trip and damaged ones are
 refused, and on a fake backend whose forwards take the profile's times the clock reproduces the wall time."""
 

@@ -75,7 +75,7 @@ class Calibration:
     cached: str = ""
 
     def payload(self) -> dict:
-        # prefill_warm: timed after a warm-up (since 2026-12-06), so not checked again by load()
+        # prefill_warm: timed after a warm-up (a cache without it may hold a cold one), so not checked again by load()
         return {"costs": self.costs.to_dict(), "prefill": self.prefill, "seconds": round(self.seconds, 2),
                 "measured": self.measured, "noisy": self.noisy, "prefill_warm": True}
 

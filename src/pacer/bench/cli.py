@@ -568,7 +568,7 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
     labels = [s.label for s in specs]
     now = _dt.datetime.now().isoformat(timespec="seconds")
     load_at_start = None if load is None else round(load, 2)
-    # one entry per start or resume: a run continued in a later session says which commits and machines made it
+    # one entry per start or resume: a run continued later says which commits and machines made it
     segment = {"started": now, "git_commit": commit or "unknown", "git_dirty": bool(dirty),
                "load_average_at_start": load_at_start, "cpu": describe_cpu()}
     if previous and not previous.get("segments"):  # a run.json from before segments were recorded
