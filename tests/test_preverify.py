@@ -781,6 +781,19 @@ def test_damaged_manifests_and_features_that_do_not_fit_are_one_line_errors(tmp_
     small.model.config.hidden_size = 32
     with pytest.raises(PacerError, match="do not fit this draft"):
         load_checkpoint(tmp_path / "ckpt", None, small)
+    # a collection's feature spec or costs of the wrong type or range: one line naming the field (the manifest's
+    # spec and costs go through the same checked readers as a checkpoint's)
+    for key, value, needle in [("feature_spec", {**SPEC.to_dict(), "hidden_size": "64"}, "hidden_size"),
+                               ("feature_spec", {**SPEC.to_dict(), "scalar_names": ["nope"]}, "scalar_names"),
+                               ("costs", {"draft": 0.1, "target": {"1": float("nan")}}, "'target'['1'] is NaN"),
+                               ("costs", {"draft": 0.1, "target": {}}, "'target' is empty")]:
+        data = synthetic_collection(tmp_path / f"data-{key}-{needle[:4]}", rounds=60)
+        manifest = json.loads((data / "manifest.json").read_text())
+        (data / "manifest.json").write_text(json.dumps({**manifest, key: value}))
+        with pytest.raises(PacerError) as e:
+            train(data, tmp_path / "ckpt-bad", "pacer", block=2, epochs=1, log=None)
+        assert needle in str(e.value) and str(data) in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert not (tmp_path / "ckpt-bad").exists()
 
 
 def test_train_records_the_rules_thresholds_chosen_on_validation_prompts(tmp_path):

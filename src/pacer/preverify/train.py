@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import save
 from torch import nn
 
-from ..costs import Costs
+from ..costs import BadField, Costs
 from ..errors import PacerError
 from ..io import atomic_write_bytes
 from ..policies.learned import check_cost, load_checkpoint, write_config
@@ -474,15 +474,18 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
     if not 0.0 < val_frac < 1.0 or epochs < 1:
         raise PacerError(f"--val-frac must be in (0, 1) and --epochs >= 1, got {val_frac} and {epochs}")
     data, manifest = load_dataset(data_dir)
-    spec = FeatureSpec.from_dict(manifest["feature_spec"])
+    try:
+        spec = FeatureSpec.from_dict(manifest.get("feature_spec"))
+        if costs is None and "costs" in manifest:
+            costs = Costs.from_dict(manifest["costs"], free_draft=True)
+    except BadField as e:
+        raise PacerError(f"the collection {data_dir}: its manifest's {e}; collect it again (pacer collect)") from None
     missing = [L for L in hidden_layers or () if L not in spec.hidden_layers]
     if missing:
         raise PacerError(f"--layers {','.join(map(str, missing))}: not recorded in {data_dir} (recorded: "
                          f"{','.join(map(str, spec.hidden_layers))})")
     if costs is None:
-        if "costs" not in manifest:
-            raise PacerError("no measured costs: pass --costs FILE (made by `pacer tune --measure-costs`)")
-        costs = Costs.from_dict(manifest["costs"])
+        raise PacerError("no measured costs: pass --costs FILE (made by `pacer tune --measure-costs`)")
     if hidden_layers is not None:  # ablation: keep a subset of the recorded layers
         H = spec.hidden_size
         cols = [c for L in hidden_layers for c in range(spec.hidden_layers.index(L) * H,
