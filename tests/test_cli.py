@@ -348,35 +348,41 @@ def test_a_bad_cost_profile_is_refused_before_any_model_loads(capsys, pair, tmp_
 
 def test_calibrate_says_truly_whether_it_cached(capsys, pair, tmp_path, monkeypatch):
     """``pacer calibrate`` (text and ``--json``) says where it cached a quiet calibration, and that a noisy one (the
-    machine busy) is not cached, which it is not."""
+    machine busy) is cached marked noisy, which no later run takes (once it said "NOISY: not cached" of a calibration
+    it had cached, and every later run decided on it)."""
     from pacer import calibration as cal_mod
 
     monkeypatch.setenv("PACER_HOME", str(tmp_path / "home"))
-    def cached() -> list[str]:  # the cached calibrations (the draft's int8 choice is cached beside them)
+
+    def cached() -> dict[str, bool]:  # the cached calibrations and their noisy marks (the draft's int8 choice aside)
         files = (tmp_path / "home" / "calibration").glob("*.json")
-        return [str(p) for p in files if "costs" in json.loads(p.read_text())["payload"]]
+        docs = {str(p): json.loads(p.read_text())["payload"] for p in files}
+        return {p: d["noisy"] for p, d in docs.items() if "costs" in d}
 
     monkeypatch.setattr(cal_mod, "NOISY", 1.0)  # every spread counts as noise
     rc, out, err = run(capsys, pair, "calibrate", "--json")
     doc = json.loads(out)
-    assert rc == 0 and doc["noisy"] and doc["cached"] is None and doc["notes"][-1].startswith("not cached")
-    assert not cached()
+    path = doc["cached"]
+    assert rc == 0 and doc["noisy"] and cached() == {path: True}
+    assert doc["notes"][-1] == f"cached marked noisy in {path}: no later run decides on it, the next one measures again"
     rc, out, err = run(capsys, pair, "calibrate")
-    assert rc == 0 and "NOISY (the machine was busy): not cached: the next run measures again" in out
-    assert "cached in" not in out and not cached()
+    assert rc == 0 and f"NOISY (the machine was busy): cached marked noisy in {path}: no later run decides" in out
+    rc, out, err = run(capsys, pair, "generate", PROMPT, "--max-new-tokens", "4")  # a later run: measures again
+    assert rc == 0 and f"calibration cache {path} was measured on a busy machine (noisy); re-measuring" in err
     monkeypatch.setattr(cal_mod, "NOISY", 1e9)  # quiet
     rc, out, err = run(capsys, pair, "calibrate", "--json")
     doc = json.loads(out)
-    assert rc == 0 and not doc["noisy"] and cached() == [doc["cached"]]
+    assert rc == 0 and not doc["noisy"] and doc["cached"] == path and cached() == {path: False}
     rc, out, err = run(capsys, pair, "calibrate")
-    assert rc == 0 and f"cached in {doc['cached']}" in out and "NOISY" not in out
+    assert rc == 0 and f"cached in {path}" in out and "NOISY" not in out
     monkeypatch.setattr(cal_mod, "NOISY", 1.0)  # busy again: the quiet calibration stays, and it says so
     rc, out, err = run(capsys, pair, "calibrate", "--json")
     doc2 = json.loads(out)
-    assert doc2["cached"] is None and doc2["notes"][-1] == f"not cached: later runs use the calibration cached " \
-                                                            f"in {doc['cached']}"
+    assert doc2["cached"] is None
+    assert doc2["notes"][-1] == f"not cached: later runs use the calibration cached in {path}"
     rc, out, err = run(capsys, pair, "calibrate")
-    assert f"NOISY (the machine was busy): not cached: later runs use the calibration cached in {doc['cached']}" in out
+    assert f"NOISY (the machine was busy): not cached: later runs use the calibration cached in {path}" in out
+    assert cached() == {path: False}
 
 
 def test_calibrate_exports_a_cost_profile_that_generate_and_bench_take(capsys, pair, tmp_path, monkeypatch):

@@ -366,31 +366,32 @@ def test_interrupted_calibration_is_conservative_and_writes_nothing(home, monkey
     assert res.stats.draft_tokens == 0
 
 
-def test_a_noisy_calibration_is_used_by_its_run_only_and_never_cached(home, monkeypatch):
+def test_a_noisy_calibration_decides_no_later_run(home, monkeypatch):
     """A calibration measured while the machine was busy (once: c_t(1) 3.7 s against 0.2 s quiet) would decide every
-    later run: it is used conservatively by the run that measured it and not cached; one cached as noisy (by an
-    older pacer) is measured again; a quiet calibration already cached stays over a noisy re-measurement."""
+    later run: it is used conservatively by the run that measured it and cached marked noisy, which no later run
+    takes (each measures again, until one measures quiet and replaces it); a quiet calibration already cached stays
+    over a noisy re-measurement."""
     monkeypatch.setattr(cal_mod, "NOISY", 1.0)  # every spread counts as noise
     dec = Decoder(*tiny_pair("close"), threads=1)
     cal = cal_mod.load_or_measure(dec.pair, None, progress=False)
-    assert cal.noisy and "noisy" in cal.notes[-2] and cal.notes[-1] == "not cached: the next run measures again"
-    assert cal.cached == "" and cal.to_dict()["cached"] is None
-    assert cal_mod.load(cal.key)[0] is None and not list((home / "calibration").glob("*.json"))
-    again = cal_mod.load_or_measure(dec.pair, None, progress=False)
-    assert again.source == "measured"  # measured again, not taken from a cache
-    # a noisy calibration cached as such (the older behaviour): never used, re-measured
-    cal_mod.STORE.put(cal.key, cal.payload())
+    path = str(cal_mod.cache_path(cal.key))
+    assert cal.noisy and "noisy" in cal.notes[-2]
+    assert cal.notes[-1] == f"cached marked noisy in {path}: no later run decides on it, the next one measures again"
+    assert cal.cached == path and cal.to_dict()["cached"] == path
     cached, why = cal_mod.load(cal.key)
-    assert cached is None and "noisy" in why
+    assert cached is None and "noisy" in why  # on disk, marked noisy: never taken
+    again = cal_mod.load_or_measure(dec.pair, None, progress=False)
+    assert again.source == "measured" and again.noisy  # measured again, not taken from the cache
     monkeypatch.setattr(cal_mod, "NOISY", 1e9)  # quiet now
     quiet = cal_mod.load_or_measure(dec.pair, None, progress=False)
     assert quiet.source == "measured" and not quiet.noisy and any("noisy" in n for n in quiet.notes)
-    assert quiet.cached == str(cal_mod.cache_path(cal.key)) and cal_mod.load(cal.key)[0].costs == quiet.costs
+    assert quiet.cached == path and cal_mod.load(cal.key)[0].costs == quiet.costs  # replaced, and taken from now on
+    assert cal_mod.load_or_measure(dec.pair, None, progress=False).source == "cache"
     # pacer calibrate on a busy machine over a quiet cached calibration: that one stays for later runs
     monkeypatch.setattr(cal_mod, "NOISY", 1.0)
     busy = cal_mod.load_or_measure(dec.pair, None, refresh=True, progress=False)
-    assert busy.noisy and busy.notes[-1] == f"not cached: later runs use the calibration cached in {quiet.cached}"
-    assert cal_mod.load(cal.key)[0].costs == quiet.costs
+    assert busy.noisy and busy.notes[-1] == f"not cached: later runs use the calibration cached in {path}"
+    assert busy.cached == "" and cal_mod.load(cal.key)[0].costs == quiet.costs
 
 
 def test_a_linear_curve_is_extrapolated_after_four_tokens(home, monkeypatch):

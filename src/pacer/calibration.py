@@ -16,9 +16,10 @@ each forward is timed between two ``torch.cuda.synchronize()`` calls, :func:`pac
 counts the kernels and not only their launch). A point whose forwards spread more than ``NOISY`` (max/min) is
 measured again; if it still does, the calibration is *noisy*:
 it is used with the slowest forward of each point (conservative) by the run that measured it, said in a note, and
-**not cached**: a calibration taken while the machine was busy (a ``c_t(1)`` 18x the quiet one, once) would decide
-every later run. The next run measures again, until one measures quiet; a noisy calibration cached by an older
-pacer is re-measured, not used.
+cached **marked noisy**, which no later run decides on: a calibration taken while the machine was busy (a ``c_t(1)``
+18x the quiet one, once) would otherwise decide every later run. The next start measures again and caches what it
+measures, until one measures quiet; a quiet calibration already cached is never replaced by a noisy one (``pacer
+calibrate`` on a busy machine).
 An interrupted calibration (Ctrl-C) falls back to conservative costs (``c_t(k) = k c_t(1)``: every round is a
 plain decoding step) with a note, and writes nothing.
 
@@ -71,7 +72,8 @@ class Calibration:
     seconds: float = 0.0
     measured: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    #: the cache file holding this calibration (``""``: not cached: noisy, interrupted or given)
+    #: the cache file holding this calibration (``""``: not cached: a home that cannot be written, a noisy one over
+    #: a quiet one, interrupted or given)
     cached: str = ""
 
     def payload(self) -> dict:
@@ -241,7 +243,7 @@ def load(key: dict) -> tuple[Calibration | None, str]:
                                    [f"target prefill is {cal.prefill}"])
     if bad:  # a file edited by hand with its checksum recomputed, say
         return None, f"calibration cache {cache_path(key)} holds unusable costs ({bad[0]})"
-    if cal.noisy:  # cached by a pacer that kept noisy calibrations: never decide later runs on one
+    if cal.noisy:  # cached marked noisy (the machine was busy): no later run decides on it
         return None, f"calibration cache {cache_path(key)} was measured on a busy machine (noisy)"
     cal.cached = str(cache_path(key))
     if not p.get("prefill_warm") and cal.prefill and \
@@ -252,16 +254,19 @@ def load(key: dict) -> tuple[Calibration | None, str]:
 
 
 def save(cal: Calibration) -> str:
-    """Cache ``cal`` (setting :attr:`Calibration.cached`): ``""``, or a note saying why it is not cached: noisy (never
-    cached: see the module docstring), or a home that cannot be written."""
+    """Cache ``cal`` (setting :attr:`Calibration.cached`): ``""``, or a note: a noisy one is cached marked noisy (the
+    next start measures again, :func:`load`) unless a quiet one is cached, which stays; a home that cannot be
+    written."""
     if cal.noisy:
         kept, _ = load(cal.key)  # pacer calibrate measures again over a quiet calibration: that one stays
-        return "not cached: " + (f"later runs use the calibration cached in {kept.cached}" if kept
-                                 else "the next run measures again")
+        if kept is not None:
+            return f"not cached: later runs use the calibration cached in {kept.cached}"
     note = STORE.keep(cal.key, cal.payload())
-    if not note:
-        cal.cached = str(STORE.path(cal.key))
-    return note
+    if note:
+        return note
+    cal.cached = str(STORE.path(cal.key))
+    return f"cached marked noisy in {cal.cached}: no later run decides on it, the next one measures again" \
+        if cal.noisy else ""
 
 
 def _stderr_progress(msg: str) -> None:

@@ -226,8 +226,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             print(f"{k:>4} {c.target_cost(k) * 1e3:>10.1f} {c.target_cost(k) / k * 1e3:>13.1f}{tag}")
         print(f"draft: {c.draft * 1e3:.1f} ms per token (prefill {c.draft_prefill * 1e3:.2f} ms per token); "
               f"target prefill: {cal.prefill * 1e3:.2f} ms per prompt token; measured in {cal.seconds:.1f}s")
-        print(f"cached in {cal.cached}" if cal.cached else
-              f"{'NOISY (the machine was busy): ' if cal.noisy else ''}{cal.notes[-1] if cal.notes else 'not cached'}")
+        print(f"NOISY (the machine was busy): {cal.notes[-1]}" if cal.noisy else f"cached in {cal.cached}"
+              if cal.cached else cal.notes[-1] if cal.notes else "not cached")
         print(f"=> {cal.verdict()}")
         print(f"=> {regime(c, dec.target_info.backend, dec.target_info.weights)}")
     if args.plot:
