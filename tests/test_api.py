@@ -86,6 +86,7 @@ def test_token_ids_in_range_pass_as_they_are(dec):
     ({"max_new_tokens": 0}, ValueError, "max_new_tokens must be >= 1"),
     ({"sampling": {"temperature": 0}}, TypeError, "sampling must be a pacer.SamplingConfig"),
     ({"on_tokens": 5}, TypeError, "on_tokens must be a function"),
+    ({"chat": "yes"}, TypeError, "chat must be true or false"),
     ({"chat": True, "history": ["x"]}, TypeError, "history message needs a string 'role'"),
     ({"chat": True, "history": [{"role": "user"}]}, TypeError, "history message needs a string 'role'"),
     ({"chat": True, "history": "x"}, TypeError, "history must be a list"),

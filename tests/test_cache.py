@@ -220,3 +220,27 @@ def test_write_folder_is_all_or_nothing(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         cache.write_folder(folder, half)  # a failed remake keeps the folder as it was
     assert (folder / "a.bin").read_bytes() == b"whole" and sorted(p.name for p in tmp_path.iterdir()) == ["made"]
+
+
+def test_an_entry_lock_holds_where_its_file_can_only_be_read(tmp_path, monkeypatch):
+    """In a home this process cannot write, a lock file made earlier still locks: a writer elsewhere waits while
+    this process reads the entry (only a home without the lock file goes unlocked: nothing can be written there)."""
+    import builtins
+    import fcntl
+
+    entry = tmp_path / "models" / "m"
+    with cache.EntryLock(entry):
+        pass  # the lock file is made while the home can be written
+    real_open = builtins.open
+
+    def read_only_open(path, mode="r", *args, **kwargs):
+        if "a" in mode or "w" in mode:
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(cache, "open", read_only_open, raising=False)
+    with cache.EntryLock(entry) as lock, real_open(entry.with_name(".m.lock")) as other:
+        lock.shared()
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(other.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(other.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)  # another reader is welcome

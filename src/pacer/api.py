@@ -115,6 +115,8 @@ class Decoder:
         stop = check_stop(stop)
         if on_tokens is not None and not callable(on_tokens):
             raise InvalidType(f"on_tokens must be a function of the new token ids, got {on_tokens!r}")
+        if not isinstance(chat, bool):
+            raise InvalidType(f"chat must be true or false, got {chat!r}")
         job = GenerationRequest.of(method, max_new_tokens, sampling, gamma=gamma, min_draft=min_draft,
                                    max_draft=max_draft, cost_aware=cost_aware, options=options)
         req, max_new_tokens = job.request, job.max_new_tokens

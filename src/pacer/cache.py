@@ -402,7 +402,10 @@ class EntryLock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._f = open(self.path, "a+")  # noqa: SIM115 - closed by __exit__
         except OSError:
-            self._f = None
+            try:  # a home this process cannot write: a lock file made earlier still locks (flock reads do)
+                self._f = open(self.path)  # noqa: SIM115 - closed by __exit__
+            except OSError:
+                self._f = None
         return self
 
     def _take(self, how: int) -> None:
