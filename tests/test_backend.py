@@ -115,7 +115,8 @@ def test_every_rule_on_a_fake_backend_reproduces_plain_decoding(policy):
     stats = GenerationStats()
     ids = speculative_generate(target, TokenDrafter(draft, V), checked, PROMPT, out, SamplingConfig(), stats)
     assert ids == plain()
-    assert checked.rounds == stats.target_calls and stats.draft_tokens > 0
+    # every target forward but the prefill is a verification the policy hears of
+    assert checked.rounds == stats.target_calls - 1 and stats.draft_tokens > 0
     assert 0 < stats.accepted_tokens < stats.draft_tokens  # the fake draft agrees sometimes, not always
     assert target.forwards == stats.target_calls  # one target forward per round, nothing else
 
@@ -130,15 +131,16 @@ def test_oracle_on_a_fake_backend_drafts_exactly_the_agreeing_tokens():
     ids = speculative_generate(target, drafter, oracle, PROMPT, Output(40, set()), SamplingConfig(), stats)
     assert ids == reference
     assert stats.accepted_tokens == stats.draft_tokens > 0  # it never drafts a token the target rejects
-    # ... and drafts every agreeing token: each round runs to the first disagreement (or the budget)
-    agree, pos, expected = drafter.agreement(PROMPT, reference), 0, []
+    # ... and drafts every agreeing token: each round runs to the first disagreement (or the budget), after the
+    # prefill's token (a round that drafts nothing)
+    agree, pos, expected = drafter.agreement(PROMPT, reference), 1, [0]
     while pos < len(reference):
         run = 0
         while pos + run < len(agree) and agree[pos + run] and run < min(oracle.max_draft, len(reference) - pos - 1):
             run += 1
         expected.append(run)
         pos += run + 1
-    assert stats.draft_lengths == expected and 0 in expected and max(expected) > 1
+    assert stats.draft_lengths == expected and 0 in expected[1:] and max(expected) > 1
 
 
 def test_ouroboros_tree_verification_on_a_fake_backend():

@@ -179,7 +179,8 @@ def test_proportional_costs_draft_nothing_and_stay_exact(method):
             res = dec.generate(prompt, method, max_new_tokens=24)
         assert res.token_ids == ar.token_ids
         assert res.stats.draft_tokens == 0, (method, res.stats.draft_lengths)
-        assert res.extra["cost_aware"]["zero_rounds"] == res.stats.rounds
+        # every round of the rule's drafted nothing (the prefill's token came before them: no round of the rule's)
+        assert res.extra["cost_aware"]["zero_rounds"] == res.extra["cost_aware"]["rounds"] == res.stats.rounds - 1
 
 
 @pytest.mark.parametrize("method", ["sd", "heuristic", "confidence", "entropy", "oracle"])
@@ -188,7 +189,9 @@ def test_flat_costs_and_a_perfect_draft_draft_to_the_maximum(method):
     res = dec.generate(PROMPTS[0], method, max_new_tokens=60, max_draft=8,
                        **({"gamma": 8, "cost_aware": True} if method in ("sd", "heuristic") else {}))
     assert res.stats.acceptance_rate == 1.0
-    full = [g for g in res.stats.draft_lengths[1:-1]]  # the last round is cut by the token budget
+    # [0]: the prefill's token; [1]: the first drafting round, which pays the draft's prompt read; the last round is
+    # cut by the token budget
+    full = [g for g in res.stats.draft_lengths[2:-1]]
     assert full and set(full) == {8}, res.stats.draft_lengths
 
 
@@ -227,7 +230,7 @@ def test_the_layer_reads_each_drafted_token_once_a_round_the_rules_update_includ
 def test_explicit_gamma_or_threshold_turns_the_rule_off():
     dec = decoder("same", LINEAR)
     res = dec.generate(PROMPTS[0], "sd", max_new_tokens=20, gamma=3)
-    assert "cost_aware" not in res.extra and set(res.stats.draft_lengths[:-1]) == {3}
+    assert "cost_aware" not in res.extra and set(res.stats.draft_lengths[1:-1]) == {3}  # [0]: the prefill's
     res = dec.generate(PROMPTS[0], "confidence", max_new_tokens=20, options={"threshold": 0.0})
     assert "cost_aware" not in res.extra and res.stats.draft_tokens > 0
     res = dec.generate(PROMPTS[0], "sd", max_new_tokens=20, gamma=3, cost_aware=True)
@@ -527,7 +530,7 @@ def test_what_the_rule_learns_carries_over_to_the_next_generation():
     (memory,) = dec.methods._cost_memory.values()
     seen = sum(g > 0 for r in (first, second) for g in r.stats.draft_lengths)  # every drafting round, both runs
     assert memory.trials[1] == 4 + seen and memory.alpha(1) == pytest.approx((2.4 + seen) / (4 + seen))
-    assert second.stats.draft_lengths[0] >= first.stats.draft_lengths[0]
+    assert second.stats.draft_lengths[1] >= first.stats.draft_lengths[1]  # [0]: the prefill's
     assert second.extra["cost_aware"]["alpha"] > first.extra["cost_aware"]["alpha"]
     # a method with other drafter options (a bench's variants) learns apart: its branches are another drafter's
     dec.generate(PROMPTS[0], "ouroboros", max_new_tokens=4, options={"candidates": 1})
@@ -588,7 +591,7 @@ def test_a_literal_rule_keeps_its_length_and_its_extras_are_priced():
                 res = dec.generate(ids, "ouroboros", max_new_tokens=30, gamma=4, options={"candidates": 2},
                                    cost_aware=aware)
                 assert res.token_ids == ar
-                assert res.stats.draft_lengths[0] >= 4  # γ drafted (plus an accepted branch)
+                assert res.stats.draft_lengths[1] >= 4  # γ drafted (plus an accepted branch) after the prefill
                 rounds += res.extra["drafter"]["candidate_rounds"]
                 if aware is None:  # what the CLI says of it
                     assert res.extra["cost_aware"]["length"] is False

@@ -3,7 +3,10 @@
 import pytest
 import torch
 
+from conftest import FLAT
+from pacer import Decoder
 from pacer.decoding import ModelBackend, Output, speculative_generate
+from pacer.decoding.meter import MeteredBackend
 from pacer.decoding.stats import GenerationStats
 from pacer.drafters import TokenDrafter
 from pacer.policies import DraftPolicy, FixedPolicy, RoundResult
@@ -36,8 +39,9 @@ def test_draft_equal_to_target_accepts_everything(pairs):
         res = dec.generate(prompt, "sd", max_new_tokens=40, gamma=4)
         assert res.stats.acceptance_rate == 1.0
         if res.stats.finish_reason == "length":
-            assert res.stats.tau == 5.0  # 4 accepted + the bonus token per target call
-            assert res.stats.target_calls == 8
+            # the prefill gives the first token; then 4 accepted + the bonus token per target call, 3 + 1 at the end
+            assert res.stats.draft_lengths == res.stats.accepted_counts == [0] + [4] * 7 + [3]
+            assert res.stats.target_calls == 9 and res.stats.tau == 40 / 9
 
 
 def test_random_draft_accepts_almost_nothing_and_is_exact(pairs):
@@ -58,11 +62,19 @@ class CacheChecker(DraftPolicy):
     def __init__(self, target: ModelBackend, drafter: TokenDrafter, prompt_len: int, out: Output, gamma: int):
         super().__init__(1, gamma)
         self.t, self.d, self.p, self.out, self.gamma, self.rounds = target, drafter, prompt_len, out, gamma, 0
+        self.prefills = 0
 
     def should_continue(self, state):
         return state.n < self.gamma
 
+    def prefilled(self, committed: int) -> None:
+        # the target has read the prompt and given the first token; the draft has read nothing yet
+        assert self.rounds == 0 and committed == len(self.out.ids) == 1
+        assert self.t.length == self.p and self.d.backend.length == 0
+        self.prefills = 1
+
     def update(self, state, result: RoundResult):
+        assert self.prefills == 1
         self.rounds += 1
         committed = self.p + len(self.out.ids)
         if self.out.done:
@@ -82,7 +94,7 @@ def test_cache_lengths_after_every_round(close, gamma):
     drafter = TokenDrafter(close.draft_backend(), close.vocab)
     pol = CacheChecker(close.target, drafter, len(ids), out, gamma)
     speculative_generate(close.target, drafter, pol, ids, out, SamplingConfig(), GenerationStats())
-    assert pol.rounds > 5 and len(out.ids) == 50
+    assert pol.prefills == 1 and pol.rounds > 5 and len(out.ids) == 50
 
 
 def test_eos_and_max_new_tokens_inside_a_draft_block(pairs):
@@ -136,15 +148,16 @@ def test_gamma_larger_than_what_remains(close):
 
 
 def test_stats_definitions(pairs):
-    res = pairs["same"].generate(PROMPTS[0], "sd", max_new_tokens=14, gamma=3)
+    res = pairs["same"].generate(PROMPTS[0], "sd", max_new_tokens=15, gamma=3)
     st = res.stats
-    # 3 rounds of 3 drafted + 1 bonus = 12 tokens; 2 remain, so the last round drafts 1 (+1 bonus)
-    assert st.draft_lengths == [3, 3, 3, 1] and st.accepted_counts == [3, 3, 3, 1]
-    assert st.tau == pytest.approx(14 / 4) and st.acceptance_rate == 1.0
+    # the prefill gives 1 token (a round that drafts nothing); 3 rounds of 3 drafted + 1 bonus = 12 tokens; 2
+    # remain, so the last round drafts 1 (+1 bonus)
+    assert st.draft_lengths == [0, 3, 3, 3, 1] and st.accepted_counts == [0, 3, 3, 3, 1]
+    assert st.tau == pytest.approx(15 / 5) and st.acceptance_rate == 1.0
     assert st.per_position_acceptance() == [1.0, 1.0, 1.0]
-    assert st.accepted_count_histogram() == {1: 1, 3: 3}
+    assert st.accepted_count_histogram() == {0: 1, 1: 1, 3: 3}
     d = st.to_dict()
-    assert d["tokens_per_s"] > 0 and d["target_calls"] == 4 and d["wasted_draft_tokens"] == 0
+    assert d["tokens_per_s"] > 0 and d["target_calls"] == 5 and d["wasted_draft_tokens"] == 0
 
 
 def test_fixed_policy_bounds():
@@ -234,5 +247,50 @@ def test_a_long_prompt_is_fed_apart_where_a_hidden_forward_scores_every_row(pair
         res = dec.generate(prompt, "sd", max_new_tokens=12, policy=WithStates(3), drafter=drafter)
         assert res.token_ids == want
         first = [c for c in res.stats.calls if c.role == "draft"][:2]
-        assert [(c.k, c.rows) for c in first] == ([(len(prompt) - 1, 1), (1, 1)] if every_row else
-                                                  [(len(prompt), 1), (1, 1)])
+        # the draft reads the prompt and the prefill's token
+        assert [(c.k, c.rows) for c in first] == ([(len(prompt), 1), (1, 1)] if every_row else
+                                                  [(len(prompt) + 1, 1), (1, 1)])
+
+
+class Logged(MeteredBackend):
+    """A metered backend that also logs each forward, in order, into a shared list of events."""
+
+    def __init__(self, inner, role: str, events: list) -> None:
+        super().__init__(inner, role)
+        object.__setattr__(self, "events", events)
+
+    def _metered(self, fwd, ids, keep, hidden, tree):
+        self.events.append((self.role, len(ids)))
+        return super()._metered(fwd, ids, keep, hidden, tree)
+
+
+@pytest.mark.parametrize("method", ["sd", "heuristic", "confidence", "ouroboros", "lookup", "sampled"])
+def test_the_first_token_is_streamed_before_the_draft_reads_the_prompt(method):
+    """Time to first token as plain decoding's: the target's prefill gives the first token, which is committed
+    and streamed (``on_tokens``) before the draft's first forward; that forward reads the prompt and the token
+    together (no extra draft forward), and the output is plain decoding's (greedy) or the target's own first
+    sample (sampling: the same seed gives plain decoding's first token)."""
+    from pacer.tiny import tiny_pair
+
+    dec = Decoder(*tiny_pair("close"), threads=1, costs=FLAT)
+    events: list = []
+    dec.target = Logged(dec.target.inner, "target", events)
+    open_draft = dec.pair.draft_backend
+    dec.pair.draft_backend = lambda rows=None: Logged(open_draft(rows).inner, "draft", events)
+    ids = dec.encode(PROMPTS[0])
+    sampling = SamplingConfig(temperature=1.0, seed=3) if method == "sampled" else SamplingConfig()
+    ar = dec.generate(ids, "ar", max_new_tokens=20, sampling=sampling).token_ids
+    events.clear()
+    res = dec.generate(ids, "sd" if method == "sampled" else method, max_new_tokens=20, sampling=sampling,
+                       on_tokens=lambda new: events.append(("emit", len(new))))
+    assert events[:2] == [("target", len(ids)), ("emit", 1)], events[:4]
+    assert res.token_ids[0] == ar[0]
+    if method != "sampled":
+        assert res.token_ids == ar
+    drafts = [i for i, e in enumerate(events) if e[0] == "draft"]
+    if method == "lookup":  # no draft model: nothing to read
+        assert not drafts and res.stats.draft_tokens > 0
+        return
+    assert drafts and events[drafts[0]] == ("draft", len(ids) + 1)  # the prompt and the first token, one forward
+    assert res.stats.draft_forwards == len(drafts) and res.stats.draft_tokens > 0
+    assert res.stats.ttft == res.stats.calls[0].seconds  # the prefill alone

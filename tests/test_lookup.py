@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import torch
 
 from conftest import FLAT
@@ -17,7 +16,14 @@ from pacer.drafters.lookup import LookupDrafter
 from pacer.policies import LookupPolicy
 from pacer.tiny import save_tiny_pair, tiny_pair
 from test_backend import FakeBackend, V
-from test_sampling import PROMPT, _small_target, chi2_pvalue, exact_joint
+from test_sampling import (
+    SMALL_VOCAB,
+    _small_target,
+    chi2_pvalue,
+    exact_drafted_joint,
+    exact_joint,
+    sample_first_tokens,
+)
 
 
 class Periodic(FakeBackend):
@@ -61,23 +67,19 @@ def test_lookup_runs_without_a_draft_model(tmp_path, capsys):
 
 
 def test_lookup_sampling_matches_the_target_distribution():
-    """A deterministic proposal (``q`` one-hot at the looked-up token) under rejection sampling: the first two
-    tokens' joint distribution is the target's exactly (chi-square over 2500 seeds)."""
+    """A deterministic proposal (``q`` one-hot at the looked-up token) under rejection sampling: the joint
+    distributions of the first two tokens and of the two the first drafting round gives are the target's exactly
+    (chi-square over 2500 seeds)."""
     target = _small_target()
     dec = Decoder(TransformersModel(target, None, "t", "t", torch.float32), None, threads=1)
     dec.eos.clear()
-    prompt = PROMPT + PROMPT + PROMPT[:2]  # ... 1 4: the lookup proposes 2 7 1 4 ...
+    # every id once, in order, then 0..3: whatever the prefill's token a, the lookup proposes a+1 a+2 after it
+    prompt = list(range(SMALL_VOCAB)) + [0, 1, 2, 3]
     cfg = SamplingConfig(temperature=1.0)
-    exact = exact_joint(target, prompt, cfg)
-    counts = np.zeros_like(exact)
-    drafted = 0
-    for s in range(2500):
-        res = dec.generate(prompt, "lookup", max_new_tokens=3, gamma=2,
-                           sampling=SamplingConfig(cfg.temperature, seed=s))
-        counts[res.token_ids[0], res.token_ids[1]] += 1
-        drafted += res.stats.draft_tokens
-    assert drafted >= 2 * 2500  # the first round always drafts the two looked-up tokens
-    assert chi2_pvalue(counts, exact) > 1e-3
+    counts, drafted_counts, drafted, accepted = sample_first_tokens(dec, prompt, "lookup", cfg, 2500)
+    assert drafted >= 2 * 2500 and accepted > 0  # the first drafting round always drafts two looked-up tokens
+    assert chi2_pvalue(counts, exact_joint(target, prompt, cfg)) > 1e-3
+    assert chi2_pvalue(drafted_counts, exact_drafted_joint(target, prompt, cfg)) > 1e-3
 
 
 def test_the_cost_rule_drafts_confident_lookups_where_a_prior_would_not():

@@ -10,7 +10,17 @@ import pytest
 
 from pacer.costs import Costs
 from pacer.decoding import Output, autoregressive_generate, speculative_generate
-from pacer.decoding.meter import DRAFT, PARTS, TARGET, Call, MeteredBackend, breakdown, metered, recording
+from pacer.decoding.meter import (
+    DRAFT,
+    PARTS,
+    TARGET,
+    Call,
+    MeteredBackend,
+    breakdown,
+    first_round_end,
+    metered,
+    recording,
+)
 from pacer.decoding.stats import GenerationStats
 from pacer.drafters import TokenDrafter
 from pacer.drafters.phrase import PhraseDrafter
@@ -60,8 +70,10 @@ def test_the_ledger_records_every_forward_with_its_size_and_context_only_while_r
     targets = [c for c in stats.calls if c.role == TARGET]
     drafts = [c for c in stats.calls if c.role == DRAFT]
     assert len(targets) == stats.target_calls and len(drafts) == stats.draft_forwards
-    assert targets[0].context == 0 and targets[0].k == len(PROMPT) + stats.draft_lengths[0]
-    assert drafts[0].context == 0 and drafts[0].k == len(PROMPT) and drafts[0].kind == "draft_catch_up"
+    # the target's prefill (the prompt alone) first, then the draft reads the prompt and its token
+    assert stats.calls[0] == targets[0] and stats.draft_lengths[0] == 0
+    assert targets[0].context == 0 and targets[0].k == len(PROMPT) and targets[0].kind == "target_prefill"
+    assert drafts[0].context == 0 and drafts[0].k == len(PROMPT) + 1 and drafts[0].kind == "draft_catch_up"
     # later target forwards score gamma + the unseen tokens after what was cached
     for c, g in zip(targets[1:], stats.draft_lengths[1:], strict=True):
         assert c.k >= g + 1 and c.context >= len(PROMPT) and c.kind == "target_chain"
@@ -107,8 +119,9 @@ def test_the_breakdown_adds_up_to_the_wall_time(drafter):
 
 def test_time_to_first_token_is_the_first_rounds_forwards():
     """TTFT (``GenerationStats.ttft``, the summary, a server response's ``time_to_first_token_s``): the forwards up to
-    and including the first target forward - plain decoding's prefill; a drafting method's draft prompt read and
-    first draft, then the prefill that verifies them."""
+    and including the first target forward - the target's prefill, for every method: a drafting method's draft
+    reads the prompt after the first token is out. The ledger of a record made while the draft read the prompt
+    and drafted first counts those draft forwards too."""
     from pacer.serve.metrics import request_metrics
 
     t, d = _pair(delay=0.002)
@@ -118,10 +131,12 @@ def test_time_to_first_token_is_the_first_rounds_forwards():
     sd = GenerationStats()
     speculative_generate(t, TokenDrafter(d, t.vocab_size), FixedPolicy(gamma=4), PROMPT, Output(12, set()),
                          SamplingConfig(), sd)
-    first = next(i for i, c in enumerate(sd.calls) if c.role == TARGET)
-    assert first == 4 and all(c.role == DRAFT for c in sd.calls[:first])  # the prompt read + 3 more draft tokens
-    assert sd.ttft == pytest.approx(sum(c.seconds for c in sd.calls[: first + 1]))
-    assert sd.ttft < sum(c.seconds for c in sd.calls) and sd.ttft > ar.ttft
+    assert sd.calls[0].role == TARGET and sd.calls[0].k == len(PROMPT) and sd.calls[1].role == DRAFT
+    assert sd.ttft == sd.calls[0].seconds < sum(c.seconds for c in sd.calls)
+    assert first_round_end(c.role for c in sd.calls) == 1  # the draft's prompt read is not in it
+    # an older ledger: the draft's prompt read and 3 more draft tokens, then the prefill that verified them
+    old = [Call(DRAFT, len(PROMPT), 0, False, 0.5)] + [Call(DRAFT, 1, len(PROMPT) + i, False, 0.25) for i in range(3)]
+    assert first_round_end(c.role for c in [*old, Call(TARGET, len(PROMPT) + 4, 0, False, 1.0), *sd.calls]) == 5
     assert "first token" in sd.summary() and sd.to_dict()["ttft"] == pytest.approx(sd.ttft, abs=1e-6)
     assert request_metrics(sd)["time_to_first_token_s"] == pytest.approx(sd.ttft, abs=1e-4)
 

@@ -61,7 +61,7 @@ def test_a_registered_method_runs_through_generate(toy, close):
     ar = close.generate("hello world", "ar", max_new_tokens=20)
     res = close.generate("hello world", "every-other", max_new_tokens=20, options={"stride": 3})
     assert res.token_ids == ar.token_ids
-    assert res.stats.draft_lengths[:4] == [3, 0, 3, 0]
+    assert res.stats.draft_lengths[:5] == [0, 3, 0, 3, 0]  # the prefill's token first (no round of the policy's)
     with pytest.raises(PacerError, match="takes no option 'ngram'"):
         close.generate("hello world", "every-other", options={"ngram": 3})
     with pytest.raises(PacerError, match="stride must be >= 1"):
@@ -74,7 +74,7 @@ def test_a_registered_method_runs_through_pacer_generate(toy, pair, capsys):
             "--target", target, "--draft", draft, "--dtype", "float32", "--threads", "1"]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["stats"]["draft_lengths"][:2] == [2, 0]
+    assert out["stats"]["draft_lengths"][:3] == [0, 2, 0]
     # its flag is refused for another method, before anything loads
     assert main([*argv[:3], "--method", "sd", *argv[5:]]) == 2
     assert "method 'sd' takes no option 'stride'" in capsys.readouterr().err

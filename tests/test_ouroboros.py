@@ -110,8 +110,9 @@ def test_phrase_agreement_is_learnt_per_kind_of_entry(pairs):
     ids = dec.encode(PROMPTS[0])
     ar = dec.generate(ids, "ar", max_new_tokens=30).token_ids
     d2 = drafter(dec, sources=(), warm_start=False, candidates=0)
-    d2.pool.add(tuple(ids[-2:]), tuple(ar[:6]), "prompt")
-    assert d2.pool.kind(tuple(ids[-2:]), tuple(ar[:6])) == ("prompt", 2)
+    key = (ids[-1], ar[0])  # the first drafting round follows the prompt and the prefill's token
+    d2.pool.add(key, tuple(ar[1:7]), "prompt")
+    assert d2.pool.kind(key, tuple(ar[1:7])) == ("prompt", 2)
     assert dec.generate(ids, "ouroboros", max_new_tokens=30, gamma=8, drafter=d2).token_ids == ar
     assert set(d2.pool.agreed_by) == {("prompt", 2)}
     agreed, checked = d2.pool.agreed_by[("prompt", 2)][0]
@@ -123,7 +124,7 @@ def test_phrase_agreement_is_learnt_per_kind_of_entry(pairs):
     linear = Costs(0.036, {1: 0.25, 8: 0.26}, draft_curve={1: 0.036, 64: 0.036 + 63 * 0.004})
     for agreed, checks in ((0, False), (4, True)):
         d3 = drafter(dec, sources=(), warm_start=False, candidates=0)
-        d3.pool.add(tuple(ids[-2:]), tuple(ar[:6]), "prompt")
+        d3.pool.add(key, tuple(ar[1:7]), "prompt")
         for _ in range(20):
             d3.pool.learn_agreement(4, agreed, ("prompt", 2))
             d3.pool.learn_agreement(4, 4 - agreed, ("output", 2))
@@ -139,13 +140,13 @@ def test_planted_draft_phrase(pairs, kind, match):
     """The phrase continuing the prompt matches the target's output fully, for 3 tokens, or not at all."""
     dec = pairs[kind]
 
-    def phrase(ids, ar):
-        cont = list(ar[:6])
+    def phrase(ids, ar):  # after the prompt and the prefill's token, where the first drafting round starts
+        cont = list(ar[1:7])
         if match == "partial":
-            cont[3:] = [wrong(ar[3])] * 3
+            cont[3:] = [wrong(ar[4])] * 3
         elif match == "none":
-            cont = [wrong(ar[0])] * 6
-        return ids[-2:], cont
+            cont = [wrong(ar[1])] * 6
+        return [ids[-1], ar[0]], cont
 
     for prompt in PROMPTS[:2]:
         res, ar = planted(dec, prompt, phrase, gamma=8, candidates=0)
@@ -155,7 +156,7 @@ def test_planted_draft_phrase(pairs, kind, match):
         if kind == "same":  # the draft agrees with every target token
             want = {"full": 6, "partial": 3, "none": 0}[match]
             assert rep["phrase_tokens"] >= want
-            assert res.stats.accepted_counts[0] == 8
+            assert res.stats.accepted_counts[1] == 8  # the first drafting round (after the prefill's)
             # first round: one forward for the phrase (+ its own next token), then one per token
             assert res.stats.draft_forwards < rep["draft_tokens"] or match == "none"
 
@@ -164,17 +165,18 @@ def test_planted_draft_phrase(pairs, kind, match):
 @pytest.mark.parametrize("match", ["full", "partial", "none"])
 @pytest.mark.parametrize("n_candidates", [1, 3])
 def test_planted_candidate_branch(pairs, kind, match, n_candidates):
-    """A candidate after ``d_1 d_2`` that continues with the target's tokens 6, 3 or 0 times."""
+    """A candidate after ``d_1 d_2`` of the first drafting round (after the prefill's token) that continues with
+    the target's tokens 6, 3 or 0 times."""
     dec = pairs[kind]
     gamma = 2
 
     def phrase(ids, ar):
-        cont = list(ar[gamma : gamma + 6])
+        cont = list(ar[gamma + 1 : gamma + 7])
         if match == "partial":
-            cont[3:] = [wrong(ar[gamma + 3])] * 3
+            cont[3:] = [wrong(ar[gamma + 4])] * 3
         elif match == "none":
-            cont = [wrong(ar[gamma])] * 6
-        return ar[:gamma], cont
+            cont = [wrong(ar[gamma + 1])] * 6
+        return ar[1 : gamma + 1], cont
 
     for prompt in PROMPTS[:2]:
         res, ar = planted(dec, prompt, phrase, gamma=gamma, candidates=n_candidates, phrases=False)
@@ -183,8 +185,8 @@ def test_planted_candidate_branch(pairs, kind, match, n_candidates):
         if kind == "same":
             assert rep["candidate_rounds"] >= 1
             ext = {"full": 6, "partial": 3, "none": 0}[match]
-            assert res.stats.accepted_counts[0] == gamma + ext
-            assert res.stats.draft_lengths[0] == gamma + ext
+            assert res.stats.accepted_counts[1] == gamma + ext
+            assert res.stats.draft_lengths[1] == gamma + ext
             assert rep["candidate_accepted_tokens"] >= ext
 
 
@@ -194,10 +196,11 @@ def test_tree_size_caps_the_branches(pairs):
     ar = dec.generate(ids, "ar", max_new_tokens=30).token_ids
     for tree_size, want in ((5, 2), (10, 6), (None, 6), (3, 0)):
         d = drafter(dec, sources=(), warm_start=False, candidates=2, phrases=False, tree_size=tree_size)
-        d.pool.add(tuple(ar[:2]), (wrong(ar[2]),) * 6, "prompt")
-        d.pool.add(tuple(ar[:2]), tuple(ar[2:8]), "prompt")  # newest: the first candidate
+        # after d_1 d_2 of the first drafting round (the prefill gave ar[0])
+        d.pool.add(tuple(ar[1:3]), (wrong(ar[3]),) * 6, "prompt")
+        d.pool.add(tuple(ar[1:3]), tuple(ar[3:9]), "prompt")  # newest: the first candidate
         res = dec.generate(ids, "ouroboros", max_new_tokens=30, gamma=2, drafter=d)
-        assert res.token_ids == ar and res.stats.accepted_counts[0] == 2 + want, tree_size
+        assert res.token_ids == ar and res.stats.accepted_counts[1] == 2 + want, tree_size
         rep = res.extra["drafter"]
         cap = tree_size - 3 if tree_size else 12
         assert rep["candidate_tokens_proposed"] <= cap * rep["candidate_rounds"]
@@ -206,18 +209,18 @@ def test_tree_size_caps_the_branches(pairs):
 def test_candidate_cut_by_max_new_tokens_and_eos(pairs):
     dec = pairs["same"]
 
-    def phrase(ids, ar):
-        return ar[:2], ar[2:8]
+    def phrase(ids, ar):  # after d_1 d_2 of the first drafting round (the prefill gave ar[0])
+        return ar[1:3], ar[3:9]
 
-    for m in (3, 4, 5, 9):
+    for m in (4, 5, 6, 10):
         res, ar = planted(dec, PROMPTS[0], phrase, gamma=2, candidates=1, phrases=False, max_new_tokens=m)
         assert res.token_ids == ar[:m] and len(res.token_ids) == m
     saved = set(dec.eos)
     try:
         ar = dec.generate(PROMPTS[0], "ar", max_new_tokens=30).token_ids
-        dec.eos.add(ar[4])  # an end token inside the accepted branch
+        dec.eos.add(ar[5])  # an end token inside the accepted branch
         res, ar2 = planted(dec, PROMPTS[0], phrase, gamma=2, candidates=1, phrases=False)
-        assert res.token_ids == ar2 == ar[: ar.index(ar[4]) + 1] and res.stats.finish_reason == "eos"
+        assert res.token_ids == ar2 == ar[: ar.index(ar[5]) + 1] and res.stats.finish_reason == "eos"
     finally:
         dec.eos.clear()
         dec.eos.update(saved)
@@ -457,7 +460,7 @@ def test_phrase_tokens_get_their_features(pairs):
     ids = dec.encode(PROMPTS[0])
     ar = dec.generate(ids, "ar", max_new_tokens=30).token_ids
     d = drafter(dec, sources=(), warm_start=False, candidates=0)
-    d.pool.add(tuple(ids[-2:]), tuple(ar[:5]), "prompt")
+    d.pool.add((ids[-1], ar[0]), tuple(ar[1:6]), "prompt")  # after the prompt and the prefill's token
     pa, pb = Recording(6), Recording(6)
     a = dec.generate(ids, "ouroboros", max_new_tokens=30, policy=pa, drafter=d)
     token_drafter = TokenDrafter(dec.draft_backend(), dec.vocab)

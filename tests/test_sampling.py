@@ -251,6 +251,37 @@ def exact_joint(model: torch.nn.Module, prompt: list[int], cfg: SamplingConfig) 
     return p1[:, None] * p2
 
 
+@torch.inference_mode()
+def exact_drafted_joint(model: torch.nn.Module, prompt: list[int], cfg: SamplingConfig) -> np.ndarray:
+    """``P(x2, x3) = Σ_a p(a) p(x2 | a) p(x3 | a, x2)`` of the warped target: the two tokens a generation's first
+    drafting round gives (its first token comes from the prefill alone)."""
+    n = SMALL_VOCAB
+    ids = torch.tensor([prompt + [a, b] for a in range(n) for b in range(n)], device=model.device)
+    logits = model(input_ids=ids).logits.double().cpu().numpy().reshape(n, n, len(prompt) + 2, -1)
+    p1 = reference_warp(logits[0, 0, -3], cfg)
+    p2 = reference_warp(logits[:, 0, -2], cfg)
+    p3 = reference_warp(logits[:, :, -1], cfg)
+    return np.einsum("a,ab,abc->bc", p1, p2, p3)
+
+
+def sample_first_tokens(dec: Decoder, prompt: list[int], method: str, cfg: SamplingConfig, seeds: int,
+                        **kw) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """``(counts of (x1, x2), counts of (x2, x3), drafted, accepted)`` over ``seeds`` seeded generations of
+    ``method`` with ``gamma=2``: the prefill gives x1, and the first drafting round has room for two draft tokens
+    (x2 and x3 come from it)."""
+    c12 = np.zeros((SMALL_VOCAB, SMALL_VOCAB))
+    c23 = np.zeros_like(c12)
+    drafted = accepted = 0
+    for s in range(seeds):
+        c = SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p, seed=s)
+        x = dec.generate(prompt, method, max_new_tokens=4, gamma=2, sampling=c, **kw)
+        c12[x.token_ids[0], x.token_ids[1]] += 1
+        c23[x.token_ids[1], x.token_ids[2]] += 1
+        drafted += x.stats.draft_tokens
+        accepted += x.stats.accepted_tokens
+    return c12, c23, drafted, accepted
+
+
 E2E = [
     ("negated", SamplingConfig(temperature=1.0)),
     ("sharp", SamplingConfig(temperature=1.0, top_k=4)),
@@ -267,21 +298,16 @@ def test_generate_sampling_matches_target_joint(draft, cfg):
 
 
 def check_generate_sampling(draft: str, cfg: SamplingConfig, device: str = "cpu", seeds: int = 2500) -> None:
-    """The first two tokens of ``generate`` over ``seeds`` seeds are distributed as the target's joint (tests on
-    other devices call it too: ``tests/test_device.py``)."""
+    """The first three tokens of ``generate`` over ``seeds`` seeds are distributed as the target's: the joint of
+    the first two (the prefill's token and the first drafted position) and of the two the first drafting round
+    gives (tests on other devices call it too: ``tests/test_device.py``)."""
     dec = _decoder(draft, device)
     exact = exact_joint(dec.target.model, PROMPT, cfg)
-    counts = np.zeros_like(exact)
-    drafted = accepted = 0
-    for s in range(seeds):
-        c = SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p, seed=s)
-        res = dec.generate(PROMPT, "sd", max_new_tokens=3, gamma=2, sampling=c)
-        counts[res.token_ids[0], res.token_ids[1]] += 1
-        drafted += res.stats.draft_tokens
-        accepted += res.stats.accepted_tokens
-    assert drafted >= 2 * seeds  # the first round always drafts 2 tokens
+    counts, drafted_counts, drafted, accepted = sample_first_tokens(dec, PROMPT, "sd", cfg, seeds)
+    assert drafted >= 2 * seeds  # the first drafting round always drafts 2 tokens
     assert chi2_pvalue(counts.sum(1), exact.sum(1)) > ALPHA, (counts.sum(1) / seeds, exact.sum(1))
     assert chi2_pvalue(counts, exact) > ALPHA
+    assert chi2_pvalue(drafted_counts, exact_drafted_joint(dec.target.model, PROMPT, cfg)) > ALPHA
     # the adversarial drafts are mostly rejected, so the residual path carries the test
     assert accepted / drafted < 0.5
 
@@ -293,12 +319,9 @@ def test_generate_sampling_negative_control(monkeypatch):
     monkeypatch.setattr(pacer.decoding.loop, "verify_sampling", verify_residual_from_p)
     dec = _decoder("negated")
     cfg = SamplingConfig(temperature=1.0)
-    exact = exact_joint(dec.target.model, PROMPT, cfg)
-    counts = np.zeros_like(exact)
-    for s in range(800):
-        res = dec.generate(PROMPT, "sd", max_new_tokens=3, gamma=2, sampling=SamplingConfig(1.0, seed=s))
-        counts[res.token_ids[0], res.token_ids[1]] += 1
-    assert chi2_pvalue(counts, exact) < 1e-6
+    counts, drafted_counts, _, _ = sample_first_tokens(dec, PROMPT, "sd", cfg, 800)
+    assert chi2_pvalue(counts, exact_joint(dec.target.model, PROMPT, cfg)) < 1e-6
+    assert chi2_pvalue(drafted_counts, exact_drafted_joint(dec.target.model, PROMPT, cfg)) < 1e-6
 
 
 # --------------------------------------------------------------------------------------------- warping

@@ -18,7 +18,8 @@ Definitions (per method ``m``, over a group ``G`` of questions - all, one datase
   pricing). A run with ``--costs`` reports the profile clock as ``speedup``/``tokens_per_s`` and keeps the wall
   clock's as ``wall_speedup``/``wall_tokens_per_s``.
 * **TTFT** (time to first token, vLLM's name) - a turn's first round: its forwards up to and including the first
-  target forward (the prefill; a drafting method's first round also has the draft read the prompt and draft),
+  target forward (the prefill, which gives the first token; in records made while a drafting method's draft read
+  the prompt and drafted before the prefill, those draft forwards too),
   their measured seconds on the wall clock, priced on another clock; the mean over turns. The loop's own time in
   that round (a fraction of a millisecond) is counted with the decode part.
 * **TPOT** (time per output token) - the rest of the turns' time on the clock over the tokens committed after the

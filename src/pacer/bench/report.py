@@ -293,9 +293,10 @@ def _first_token(L: list[str], overall: dict, profile: bool, priced: bool) -> No
     ms = lambda v: "-" if v is None else f"{v * 1e3:.0f} ms"  # noqa: E731
     L.append("## First token and decode (TTFT, TPOT)" + (" (profile clock; wall clock beside it)" if profile else "")
              + "\n")
-    L.append("TTFT: a turn's first round (the prefill, and for a drafting method the draft reading the prompt and its "
-             "first draft). TPOT: the rest of the time over the tokens committed after the first round. *decode "
-             "speedup*: the speedup on those tokens alone (mean decode tok/s over `ar`'s, as the speedup).\n")
+    L.append("TTFT: a turn's first round (the target's prefill, which gives the first token; in records where the "
+             "draft read the prompt and drafted before the prefill, those draft forwards too). TPOT: the rest of the "
+             "time over the tokens committed after the first round. *decode speedup*: the speedup on those tokens "
+             "alone (mean decode tok/s over `ar`'s, as the speedup).\n")
     if profile and not priced:
         L.append("The profile of this run's `--costs` could not be loaded here, or has changed since the run priced "
                  "with it (`pacer bench --reprice` prices a run again with a profile): TTFT and TPOT are the wall "

@@ -1,5 +1,11 @@
 """The one speculative decoding loop that every method shares, plus plain autoregressive decoding.
 
+The first token comes out of the target's prefill alone (:func:`plain_step`: the prompt, one target
+forward, the target's own token, committed and streamed at once), exactly as plain decoding's does; only then does
+the draft read the prompt (and that token, in the same forward) and the rounds begin. A drafting method's time to
+first token is therefore plain decoding's, and the draft's prefill is no extra forward: it reads the prompt in its
+first draft forward, as before.
+
 One round of :func:`speculative_generate` (``γ`` draft tokens, ``n`` accepted; see :mod:`pacer.sampling`):
 
 1. **propose** - the drafter drafts token by token (or phrase by phrase) and asks the draft-length policy after
@@ -55,15 +61,23 @@ def autoregressive_generate(
     with recording(stats.calls):
         start = time.perf_counter()
         while not out.done:
-            t = time.perf_counter()
-            logits, _ = target.forward_view(tokens[target.length :], keep=1)  # read at once: may be a view
-            # greedy: the argmax of the logits, as verification takes it (no softmax)
-            x = argmax(logits[-1].float()) if sampling.greedy else pick(warp(logits[-1], sampling), sampling, gen)
-            stats.time_verify += time.perf_counter() - t
-            stats.record_round(0, 0)
-            tokens += out.extend([x])
+            tokens += plain_step(target, tokens, out, sampling, gen, stats)
         stats.wall_time = time.perf_counter() - start
     return out.ids
+
+
+def plain_step(target: ModelBackend, tokens: list[int], out: Output, sampling: SamplingConfig,
+               gen: torch.Generator | None, stats: GenerationStats) -> list[int]:
+    """One step of plain decoding: one target forward over the tokens it has not read, the target's own next token
+    (greedy: the argmax of its logits, as verification takes it, no softmax; sampling: drawn with ``gen``),
+    committed to ``out`` (and so streamed) at once, counted as a round that drafted nothing; returns what was
+    committed."""
+    t = time.perf_counter()
+    logits, _ = target.forward_view(tokens[target.length :], keep=1)  # read at once: may be a view
+    x = argmax(logits[-1].float()) if sampling.greedy else pick(warp(logits[-1], sampling), sampling, gen)
+    stats.time_verify += time.perf_counter() - t
+    stats.record_round(0, 0)
+    return out.extend([x])
 
 
 def speculative_generate(
@@ -83,6 +97,10 @@ def speculative_generate(
     tokens = list(prompt)
     with recording(stats.calls):  # every forward below is in stats.calls (the breakdown, the profile clock)
         start = time.perf_counter()
+        if not out.done:  # the first token: the target's prefill alone, before the draft reads anything
+            committed = plain_step(target, tokens, out, sampling, gen, stats)
+            tokens += committed
+            policy.prefilled(len(committed))
         while not out.done:
             # 1. propose: at most what the policy, the budget (the round's target token is always emitted) and
             #    the context allow

@@ -11,8 +11,8 @@
 * **per-position acceptance** - for draft position ``i`` (1-based), accepted / proposed among rounds that drafted
   at least ``i`` tokens (a token after the first rejection counts as not accepted).
 * **tokens/s** - new tokens over wall time of the whole generation (prefill included).
-* **ttft** - seconds to the first token: the first round's forwards (the prefill; a drafting method's draft reads
-  the prompt and drafts before it).
+* **ttft** - seconds to the first token: the first round's forwards (the target's prefill, which gives the first
+  token; a drafting method's draft reads the prompt after it).
 * **time_draft / time_verify / time_policy / time_pool** - seconds in draft forwards, target forwards plus the
   acceptance rule, the length policy's own work (feature building, the pre-verification layer, its updates), and
   a phrase drafter's pool work (lookups, learning, candidate branches).
@@ -85,8 +85,8 @@ class GenerationStats:
 
     @property
     def ttft(self) -> float:
-        """Seconds to the first token: the first round's forwards (:func:`pacer.decoding.meter.first_round_end`;
-        the prefill, and for a drafting method the draft's prompt read and first draft before it)."""
+        """Seconds to the first token: the first round's forwards (:func:`pacer.decoding.meter.first_round_end`:
+        the target's prefill, every method alike)."""
         from .meter import first_round_end
 
         return sum(c.seconds for c in self.calls[: first_round_end(c.role for c in self.calls)])

@@ -167,6 +167,11 @@ class DraftPolicy:
     def update(self, state: DraftState, result: RoundResult) -> None:
         """Called after every verification with the round's draft state and outcome."""
 
+    def prefilled(self, committed: int) -> None:
+        """Called once a generation's first token is out, before its first round: the target's prefill alone
+        committed ``committed`` tokens (the first token, or none where the output had already ended); no draft
+        was proposed and the draft has read nothing yet. The default does nothing."""
+
     def survival(self, state: DraftState) -> float | None:
         """A score in [0, 1] that grows with the probability that ``d_1..d_n`` are all accepted (``None``: the
         policy has no such score). The cost-aware rule calibrates it against the verifier's verdicts."""

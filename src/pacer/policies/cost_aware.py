@@ -216,7 +216,7 @@ class CostAwarePolicy(DraftPolicy):
     """Wraps a policy: drafting goes on only while the wrapped policy wants to *and* the next token pays on this
     machine's costs (:func:`gain_pays`). The wrapped policy's bounds, hidden layers and updates pass through.
 
-    ``refine``: after every round (the first of a generation, which holds both prefills, excepted) the measured
+    ``refine``: after every round (the first of a generation, which holds the draft's prefill, excepted) the measured
     draft time per token and target time of the round update running averages (weight ``refine``, each clipped to
     [1/4, 4]), as multipliers of the calibrated ``c_d`` and ``c_t`` curve: load on the machine shifts the
     decisions. 0 keeps the given costs as they are.
@@ -454,6 +454,9 @@ class CostAwarePolicy(DraftPolicy):
                 self.scale_t += r * (min(4.0, max(0.25, obs)) - self.scale_t)
             self.costs = self.base.scaled(self.scale_d, self.scale_t)
         self._new_round()
+
+    def prefilled(self, committed: int) -> None:
+        self.inner.prefilled(committed)
 
     def prepare(self, greedy: bool) -> None:
         """Sampling: decide from the calibration only (no refinement from timings), so that a seeded sample is

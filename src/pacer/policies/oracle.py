@@ -36,6 +36,9 @@ class OraclePolicy(DraftPolicy):
             raise PacerError("the oracle needs RoundResult.committed (the tokens a round appended to the output)")
         self.produced += result.committed
 
+    def prefilled(self, committed: int) -> None:
+        self.produced += committed
+
     def should_continue(self, state: DraftState) -> bool:
         if self.agree is None:
             raise PacerError("the oracle policy needs the target's continuation; use Decoder.generate(method='oracle')")
