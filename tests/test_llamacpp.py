@@ -161,7 +161,8 @@ def test_sampling_runs_and_is_seeded(dec):
     s = SamplingConfig(temperature=0.8, seed=3)
     a = dec.generate(PROMPTS[0], "sd", max_new_tokens=20, sampling=s)
     b = dec.generate(PROMPTS[0], "sd", max_new_tokens=20, sampling=s)
-    assert a.token_ids == b.token_ids and len(a.token_ids) == 20
+    assert a.token_ids == b.token_ids and (len(a.token_ids) == 20 or a.stats.finish_reason == "eos")
+    assert a.stats.draft_tokens > 0
 
 
 def test_reduced_draft_vocabulary_is_refused(dec):
