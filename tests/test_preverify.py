@@ -277,7 +277,8 @@ def test_target_state_is_the_target_distribution_at_the_accepted_and_bonus_posit
     entropy = -(logp.exp() * logp).sum(-1)
     top2 = logp.exp().topk(2, -1).values
     margin = top2[:, 0] - top2[:, 1]
-    start = len(ids)  # the first token of a round is predicted at row start - 1
+    # the first token of a round is predicted at row start - 1; the prefill gave the first token before any round
+    start = len(ids) + 1
     for r in probe.results:
         n = r.accepted
         assert len(r.target_entropy) == len(r.target_margin) == n + 1
@@ -310,10 +311,13 @@ def test_target_hidden_is_the_final_state_where_the_bonus_token_was_predicted(cl
         target.reset()
         _, hs = target.forward(ids + res.token_ids, keep=1, hidden=True)
         final = hs[-1].float()
-        start = len(ids)
+        start = len(ids) + 1  # the prefill gave the first token before any round
         assert len({r.accepted for r in probe.results}) > 1  # rounds that ended at different positions
-        for r in probe.results:
+        for i, r in enumerate(probe.results):
             assert r.target_hidden.shape == (final.shape[1],) and r.target_hidden.device.type == "cpu"
+            if r.committed < r.accepted + 1 + r.extended:  # the output ended inside the round (EOS): no next round
+                assert i == len(probe.results) - 1
+                break
             row = start - 1 + r.accepted + r.extended  # the last committed token came from this row
             torch.testing.assert_close(r.target_hidden, final[row], atol=1e-4, rtol=1e-4)
             start += r.committed
@@ -373,10 +377,10 @@ def test_pacer_drafts_in_whole_blocks(pairs):
     dec = pairs["same"]
     pol = random_policy("pacer", block=4, threshold=0.0)  # every block passes: draft to max_draft
     res = dec.generate("hello world", "pacer", max_new_tokens=40, policy=pol)
-    assert all(g % 4 == 0 or g == 8 for g in res.stats.draft_lengths[:-1])
+    assert all(g % 4 == 0 or g == 8 for g in res.stats.draft_lengths[1:-1])  # [0]: the prefill's token
     pol = random_policy("pacer", block=4, threshold=1.0)  # every block fails: one block a round
     res = dec.generate("hello world", "pacer", max_new_tokens=40, policy=pol)
-    assert set(res.stats.draft_lengths[:-1]) == {4}
+    assert set(res.stats.draft_lengths[1:-1]) == {4}
 
 
 @pytest.mark.parametrize("path", ["native", "numpy", "torch"])
@@ -510,7 +514,7 @@ def test_specdecpp_survival_restarts_every_round(pairs):
     pol = random_policy("specdecpp", threshold=0.5)
     pol.model = lambda h, s: torch.full(h.shape[:1], float(torch.logit(torch.tensor(0.8))))
     res = pairs["same"].generate("hello world", "specdecpp", max_new_tokens=40, policy=pol)
-    assert res.stats.draft_lengths[:-1] and set(res.stats.draft_lengths[:-1]) == {4}
+    assert res.stats.draft_lengths[1:-1] and set(res.stats.draft_lengths[1:-1]) == {4}  # [0]: the prefill's
 
 
 def test_learned_policy_sampling_is_seeded(close):
