@@ -274,7 +274,7 @@ def test_the_first_token_is_streamed_before_the_draft_reads_the_prompt(method):
 
     dec = Decoder(*tiny_pair("close"), threads=1, costs=FLAT)
     events: list = []
-    dec.target = Logged(dec.target.inner, "target", events)
+    dec.pair.target = Logged(dec.pair.target.inner, "target", events)
     open_draft = dec.pair.draft_backend
     dec.pair.draft_backend = lambda rows=None: Logged(open_draft(rows).inner, "draft", events)
     ids = dec.encode(PROMPTS[0])
