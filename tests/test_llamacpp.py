@@ -10,8 +10,10 @@ one-line errors before any model loads."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -389,3 +391,87 @@ def test_a_drafters_context_is_reused_by_the_next_generation(dec, monkeypatch):
     assert len(made) <= 1, made  # the first generation may create the draft's context, no other does
     ar = [dec.generate(p, "ar", max_new_tokens=12).token_ids for p in PROMPTS]
     assert runs[:3] == runs[3:] == ar
+
+
+def _seed_tokenizers(home, *paths) -> None:
+    """Put the tiny tokenizer in pacer's verified cache for these GGUF files (transformers cannot rebuild it from
+    a tiny GGUF)."""
+    from pacer.cache import Manifest, file_sha256
+
+    for f in paths:
+        folder = home / "tokenizers" / file_sha256(f, home)[:24]
+        tiny_tokenizer().save_pretrained(folder)
+        Manifest(folder).write()
+
+
+def test_draft_quant_auto_runs_a_verified_q4_0_copy_where_it_times_faster(files, tmp_path, monkeypatch, capsys):
+    """``--draft-quant auto`` on llama.cpp: the draft's GGUF re-encoded as Q4_0 once, under ``$PACER_HOME`` with a
+    manifest (checked before every use; a damaged copy is made again, an interrupted one leaves nothing), timed
+    against the draft as loaded once per key (the choice is kept: no re-timing, no rebuild), run where it is
+    faster and never where it is not; ``none`` keeps the file as it is; the output stays plain decoding's."""
+    from pacer import calibration as cal_mod
+    from pacer.backends import llamacpp as lc
+    from pacer.cache import Manifest
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("PACER_HOME", str(home))
+    _seed_tokenizers(home, *files[:2])
+    made, timed = [], []
+    requantize = lc.requantize
+    monkeypatch.setattr(lc, "requantize", lambda *a: (made.append(a[2]), requantize(*a)))
+    speed = {"Q4_0": 0.5, "ALL_F32": 1.0}  # the copy twice as fast
+
+    def fake_timed(cm, tokens, base):
+        timed.append(1)
+        return speed[lc._file_type(cm.llama)]
+
+    monkeypatch.setattr(cal_mod, "_timed", fake_timed)
+
+    def load(quant: str) -> Decoder:
+        return Decoder.from_pretrained(str(files[0]), str(files[1]), backend="llamacpp", threads=1,
+                                       draft_quant=quant, progress=False)
+
+    dec = load("auto")
+    d = dec.draft_info
+    assert d.weights == "gguf:Q4_0" and d.extra["converted_from"] == "ALL_F32" and made == ["Q4_0"] and timed
+    copy = Path(d.extra["path"])
+    assert copy.parent.parent == home / "gguf" and Manifest(copy.parent).check() is None
+    assert d.fingerprint == load("none").draft_info.fingerprint  # the same draft, another encoding
+    ids = dec.encode(PROMPTS[0])
+    ar = dec.generate(ids, "ar", max_new_tokens=24).token_ids
+    assert dec.generate(ids, "sd", max_new_tokens=24, gamma=4).token_ids == ar
+
+    n = len(timed)
+    assert load("auto").draft_info.extra["path"] == str(copy) and len(timed) == n and made == ["Q4_0"]  # kept
+    none = load("none").draft_info
+    assert none.weights == "gguf:ALL_F32" and none.extra["path"] == str(files[1])
+
+    with open(copy, "r+b") as f:  # damaged on disk: made again before it is trusted
+        f.seek(copy.stat().st_size // 2)
+        f.write(b"\xff" * 64)
+    capsys.readouterr()
+    assert load("auto").draft_info.weights == "gguf:Q4_0" and made == ["Q4_0", "Q4_0"] and len(timed) == n
+    assert "cannot be trusted" in capsys.readouterr().err and Manifest(copy.parent).check() is None
+
+    monkeypatch.setattr(lc, "requantize", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    shutil.rmtree(copy.parent)
+    with pytest.raises(KeyboardInterrupt):  # interrupted while writing: nothing half-written is left
+        load("auto")
+    assert not copy.parent.exists() and not list((home / "gguf").glob(".*.tmp"))
+
+    speed["Q4_0"] = 0.95  # another key (threads), where the copy is not faster enough: the file as it is
+    monkeypatch.setattr(lc, "requantize", requantize)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert load("auto").draft_info.weights == "gguf:ALL_F32" and len(timed) > n
+    n = len(timed)
+    assert load("auto").draft_info.weights == "gguf:ALL_F32" and len(timed) == n  # the choice is kept
+
+    def read_only(folder, fill):
+        raise PermissionError(13, "Permission denied", str(folder))
+
+    shutil.rmtree(copy.parent)  # a home that cannot be written: a note, and the file as it is (the copy saves time)
+    monkeypatch.setattr(lc, "write_folder", read_only)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    capsys.readouterr()
+    assert load("auto").draft_info.weights == "gguf:ALL_F32"
+    assert "cannot be written (Permission denied)" in capsys.readouterr().err

@@ -35,7 +35,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "cpu or cuda (cuda:N); llama.cpp runs on the CPU in this build")
     g.add_argument("--draft-quant", choices=["auto", "none", "int8"], default="auto",
                    help="int8 weight-only draft (lossless: the draft only proposes); auto (default): where it "
-                        "measures faster on this machine")
+                        "measures faster on this machine (llama.cpp: a Q4_0 copy of the draft's GGUF, made once and "
+                        "cached, where that measures faster); none: the draft as loaded")
     g.add_argument("--quantize", choices=["none", "int8"], default="none",
                    help="int8 weight-only target: a different, faster target (its own plain decoding is the "
                         "baseline; outputs differ from the bf16 target's); the draft follows --draft-quant")

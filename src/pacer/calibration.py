@@ -132,6 +132,15 @@ def _machine_key(loaded, what: str) -> dict:
             "threads": torch.get_num_threads(), "cpu": cpu_identity(), "torch": torch.__version__}
 
 
+def draft_token_seconds(cm, vocab: int, reps: int) -> float:
+    """Median seconds of one draft token on backend ``cm`` (one new token after ``CONTEXT`` cached, ``reps`` times
+    after a warm-up): what ``--draft-quant auto`` compares between a draft and its cheaper copy."""
+    ctx = [(1000 + 7 * i) % max(2, vocab - 1) for i in range(CONTEXT)]
+    cm.forward(ctx, keep=1)
+    _timed(cm, ctx[:1], len(ctx))
+    return statistics.median(_timed(cm, ctx[:1], len(ctx)) for _ in range(reps))
+
+
 def _timed(cm, tokens: list[int], base: int, keep: int = 1, tree=None) -> float:
     """Seconds of one forward of ``tokens`` on backend ``cm`` (its device synchronised around it; ``keep`` rows of
     logits, as a ``tree`` where given), then the cache is cropped back to ``base`` tokens."""

@@ -53,7 +53,6 @@ class Pair:
         self.record = backends.of(target)
         self.device = devices.place(target, draft, spec.device)
         self.threads = models.set_threads(spec.threads)
-        self.target_info, self.draft_info = target, draft
         self.tokenizer = target.tokenizer
         if draft is not None and target.tokenizer is not None and draft.tokenizer is not None:
             models.check_same_tokenizer(target.tokenizer, draft.tokenizer)
@@ -62,8 +61,8 @@ class Pair:
         if draft is not None and spec.draft_quant == "int8":
             q.quantize_int8(draft.model)
         elif draft is not None and spec.draft_quant == "auto" and (choose := backends.of(draft).auto_draft_quant):
-            if choose(draft) == "int8":
-                q.quantize_int8(draft.model)
+            draft = choose(draft)  # the draft only proposes: any encoding of its weights keeps the output
+        self.target_info, self.draft_info = target, draft
         self.backend = target.backend
         self.target: ModelBackend = metered(target.open(), TARGET)
         self.vocab = target.vocab_size

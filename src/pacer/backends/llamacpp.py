@@ -2,8 +2,9 @@
 of its C API (``llama_decode`` over a batch, ``llama_memory_seq_rm`` for the roll-back). One file: its
 :class:`~pacer.decoding.backend.ModelBackend` (:class:`LlamaCppBackend`), the model it runs on
 (:class:`LlamaModel`), its loaded-model class (:class:`GgufModel`), its loader (:func:`load_gguf`), what it refuses
-(a model that is not a GGUF file; a build with llama.cpp's AMX kernels, :func:`llama_amx_problem`) and its record,
-:data:`LLAMACPP`.
+(a model that is not a GGUF file; a build with llama.cpp's AMX kernels, :func:`llama_amx_problem`), the draft
+``--draft-quant auto`` runs (a cheaper copy of its GGUF where that measures faster: :func:`auto_draft_quant`) and
+its record, :data:`LLAMACPP`.
 
 pacer's loop drives llama.cpp directly: a forward is one ``llama_decode`` of the new tokens (one sequence, id 0,
 positions going on after the cache), with logits kept only for the rows the caller reads; a roll-back removes the
@@ -25,16 +26,18 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..cache import pacer_home, sweep_stale
+from ..cache import EntryLock, Manifest, pacer_home, sweep_stale, write_folder, write_problem
 from ..decoding.backend import Hidden, ModelBackend, Tree
 from ..errors import PacerError
 from ..gguf import DEFAULT_NAMES, gguf_file, gguf_tokenizer
+from ..machine import STORE
 from ..models import LoadedModel
 from . import Backend, register
 
@@ -398,14 +401,108 @@ def load_gguf(spec: str, home: Path | None = None, progress: bool = True) -> Ggu
     path, digest = gguf_file(spec, home, progress)
     model = LlamaModel(path)
     tok = gguf_tokenizer(path, digest, home)
+    return GgufModel(model, tok, spec, digest, torch.float32, extra={"file_type": _file_type(model),
+                                                                     "path": str(path), "params": model.n_params})
+
+
+def _file_type(model: LlamaModel) -> str:
+    """The GGUF file's type as gguf names it (``Q4_K_M``, ``Q4_0``, ``ALL_F32``; ``unknown``)."""
     try:
         import gguf
 
-        ftype = gguf.LlamaFileType(int(model.meta("general.file_type") or -1)).name.removeprefix("MOSTLY_")
+        return gguf.LlamaFileType(int(model.meta("general.file_type") or -1)).name.removeprefix("MOSTLY_")
     except (ValueError, ImportError):
-        ftype = "unknown"
-    return GgufModel(model, tok, spec, digest, torch.float32, extra={"file_type": ftype, "path": str(path),
-                                                                     "params": model.n_params})
+        return "unknown"
+
+
+# ------------------------------------------------------------------------------------- draft quant auto
+#: the GGUF type a draft is re-encoded in for ``--draft-quant auto`` (the draft only proposes: any encoding of its
+#: weights keeps the output). One draft token of the default draft (Qwen2.5-Coder-0.5B, Q4_K_M as shipped) took
+#: 15.8 ms as Q4_0 against 21.0 ms as shipped on an AMD EPYC Zen 4 (family 25, model 17), 2 threads: llama.cpp's
+#: Q4_0 kernels are its cheapest per weight there
+DRAFT_TYPE = "Q4_0"
+#: the copy runs where one draft token takes at most this fraction of the draft's as loaded
+DRAFT_MARGIN = 0.9
+
+
+def draft_copy(draft: GgufModel, file_type: str = DRAFT_TYPE, home: Path | None = None) -> GgufModel:
+    """``draft``'s GGUF re-encoded as ``file_type`` by llama.cpp's quantizer (re-quantizing quantized tensors):
+    made once under ``$PACER_HOME/gguf/<file>-<sha256[:16]>-<type>/`` (written aside, its manifest last, then
+    renamed into place: :func:`pacer.cache.write_folder`), checked against its manifest before every use and made
+    again, with a note, where that fails; checked and loaded under the entry's shared lock, made under its
+    exclusive one (:class:`pacer.cache.EntryLock`, as a converted model). Same tokenizer and fingerprint (the
+    draft's weights in another encoding); ``weights`` names the type. A home that cannot be written raises
+    :class:`OSError`."""
+    home = home or pacer_home()
+    src = Path(draft.extra["path"])
+    name = f"{src.stem}-{draft.fingerprint[:16]}-{file_type.lower()}"
+    folder, out = home / "gguf" / name, home / "gguf" / name / f"{name}.gguf"
+    with EntryLock(folder) as lock:
+        lock.shared()
+        if _copy_problem(folder, out) is not None:
+            lock.exclusive()
+            problem = _copy_problem(folder, out)  # made meanwhile by another process?
+            if problem is not None:
+                if problem != "missing":
+                    print(f"pacer: note: the {file_type} copy of the draft {folder} cannot be trusted ({problem}); "
+                          f"making it again", file=sys.stderr)
+                write_folder(folder, lambda tmp: requantize(src, tmp / out.name, file_type))
+            lock.shared()
+        return _copy_of(draft, out)
+
+
+def _copy_problem(folder: Path, out: Path) -> str | None:
+    return Manifest(folder).check() if out.is_file() else "missing"
+
+
+def _copy_of(draft: GgufModel, path: Path) -> GgufModel:
+    model = LlamaModel(path)
+    return GgufModel(model, draft.tokenizer, draft.source, draft.fingerprint, draft.dtype,
+                     extra={**draft.extra, "file_type": _file_type(model), "path": str(path),
+                            "converted_from": draft.extra.get("file_type", "unknown")})
+
+
+def requantize(src: Path, out: Path, file_type: str) -> None:
+    """Write ``src`` re-encoded as ``file_type`` (a llama.cpp ``LLAMA_FTYPE_MOSTLY_*`` name) to ``out``, on
+    pacer's threads."""
+    ll = lib()
+    p = ll.llama_model_quantize_default_params()
+    p.ftype = getattr(ll, f"LLAMA_FTYPE_MOSTLY_{file_type}")
+    p.allow_requantize = True
+    p.nthread = torch.get_num_threads()
+    if ll.llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(p)) != 0 or not out.is_file():
+        raise PacerError(f"llama.cpp cannot re-encode {src} as {file_type} ({_last_error()}); pass "
+                         f"--draft-quant none")
+
+
+def auto_draft_quant(draft: LoadedModel, reps: int = 5) -> LoadedModel:
+    """``--draft-quant auto``: the draft's :data:`DRAFT_TYPE` copy (:func:`draft_copy`) where one draft token on it
+    takes at most :data:`DRAFT_MARGIN` of the draft's as loaded (one new token after ``CONTEXT`` cached, median of
+    ``reps``), else the draft as loaded (one already of that type too). Timed once per machine, draft, threads and
+    runtime; the choice is kept with the calibrations, and the copy is made only where it is chosen or not timed
+    yet."""
+    from ..calibration import _machine_key, draft_token_seconds
+
+    if draft.extra.get("file_type") == DRAFT_TYPE or "path" not in draft.extra:
+        return draft
+    key = {**_machine_key(draft, "draft-quant"), "runtime": _version()}
+    cached, _ = STORE.get(key)
+    try:
+        if cached is not None and cached.get("choice") in (DRAFT_TYPE, "none"):
+            return draft_copy(draft) if cached["choice"] == DRAFT_TYPE else draft
+        copy = draft_copy(draft)
+    except OSError as e:  # a home that cannot be written: the copy only saves time
+        where = Path(e.filename) if e.filename else pacer_home()
+        print(f"pacer: note: the {DRAFT_TYPE} copy of the draft cannot be written ({write_problem(where, e)}); "
+              f"drafting with the file as it is (set PACER_HOME to a folder you can write to have it)", file=sys.stderr)
+        return draft
+    times = {kind: draft_token_seconds(m.open(), draft.vocab_size, reps)
+             for kind, m in (("none", draft), (DRAFT_TYPE, copy))}
+    choice = DRAFT_TYPE if times[DRAFT_TYPE] <= DRAFT_MARGIN * times["none"] else "none"
+    if note := STORE.keep(key, {"choice": choice, "from": draft.extra.get("file_type"),
+                                "seconds": {k: round(v, 5) for k, v in times.items()}}):
+        print(f"pacer: note: {note}", file=sys.stderr)
+    return copy if choice == DRAFT_TYPE else draft
 
 
 def _version() -> str:
@@ -460,6 +557,7 @@ LLAMACPP = register(Backend(
     "llamacpp", "GGUF files as they are, on llama.cpp's own kernels (llama-cpp-python)", _load, _version,
     devices=("cpu",), hidden_layers=(-1,), checkpoint_suffix="llamacpp", refuses=_gguf_only, missing=_llama_missing,
     auto=True, auto_reason="llama.cpp runs the GGUF pair as it is, on its own CPU kernels",
+    auto_draft_quant=auto_draft_quant,
     # llama.cpp's own p-min rule at 0.4 and 0.6, fixed γ 2..6
     bench_methods="ar,sd:gamma=2..6,confidence:threshold=0.4,confidence:threshold=0.6,entropy,pacer,ouroboros,"
                   "lookup,oracle"))

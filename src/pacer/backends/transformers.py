@@ -369,7 +369,7 @@ def choose_draft_quant(draft: LoadedModel, reps: int = 5) -> str:
     per machine, draft and threads, and cached like a calibration."""
     import copy
 
-    from ..calibration import CONTEXT, _machine_key, _timed
+    from ..calibration import _machine_key, draft_token_seconds
     from ..quantize import available, quantize_int8
 
     if not available() or not of(draft).int8 or draft.model.device.type != "cpu":
@@ -378,18 +378,23 @@ def choose_draft_quant(draft: LoadedModel, reps: int = 5) -> str:
     cached, _ = STORE.get(key)
     if cached is not None and cached.get("choice") in ("int8", "none"):
         return cached["choice"]
-    ctx = [(1000 + 7 * i) % max(2, draft.vocab_size - 1) for i in range(CONTEXT)]
     times = {}
     with torch.inference_mode():
         for kind, model in (("none", draft.model), ("int8", quantize_int8(copy.deepcopy(draft.model)))):
-            cm = TransformersBackend(model)
-            cm.forward(ctx, keep=1)
-            _timed(cm, ctx[:1], len(ctx))
-            times[kind] = statistics.median(_timed(cm, ctx[:1], len(ctx)) for _ in range(reps))
+            times[kind] = draft_token_seconds(TransformersBackend(model), draft.vocab_size, reps)
     choice = "int8" if times["int8"] < 0.9 * times["none"] else "none"
     if note := STORE.keep(key, {"choice": choice, "seconds": {k: round(v, 5) for k, v in times.items()}}):
         print(f"pacer: note: {note}", file=sys.stderr)
     return choice
+
+
+def auto_draft_quant(draft: LoadedModel) -> LoadedModel:
+    """``--draft-quant auto``: the draft quantized int8 in place where :func:`choose_draft_quant` says so."""
+    from ..quantize import quantize_int8
+
+    if choose_draft_quant(draft) == "int8":
+        quantize_int8(draft.model)
+    return draft
 
 
 def _load(spec: str, dtype: str, home: Path | None, progress: bool) -> TransformersModel:
@@ -403,4 +408,4 @@ def _version() -> str:
 TRANSFORMERS = register(Backend(
     "transformers", "PyTorch (the reference): model folders, or GGUF files dequantized once", _load, _version,
     devices=("cpu", "cuda"), dtypes=("bfloat16", "float32", "float16"), int8=True, reduced_head=True,
-    torch_modules=True, anchor="llamacpp", auto_dtype=choose_dtype, auto_draft_quant=choose_draft_quant))
+    torch_modules=True, anchor="llamacpp", auto_dtype=choose_dtype, auto_draft_quant=auto_draft_quant))
