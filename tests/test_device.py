@@ -327,17 +327,21 @@ def test_gpu_check_replays_traces_through_the_real_loop(tmp_path, monkeypatch):
         return OraclePolicy(None, min_draft=0, max_draft=32)
 
     ten = [[True] * 10]
-    assert run(ten, lambda: FixedPolicy(4)).speedup == pytest.approx(5.0)  # 2 rounds of 4 drafted + 1
-    assert run(ten, oracle).speedup == pytest.approx(10.0)  # the oracle drafts all 9 it may in one round
+    # the first token comes out of the target's prefill (a round that drafts nothing), then 4 + 1, then 3 + 1
+    assert run(ten, lambda: FixedPolicy(4)).speedup == pytest.approx(10 / 3)
+    assert run(ten, oracle).speedup == pytest.approx(5.0)  # after the prefill's token, all 8 it may in one round
     assert run([[False] * 10], lambda: FixedPolicy(4)).speedup == pytest.approx(1.0)
-    # the loop's budget: a round drafts at most the tokens left but one (7 tokens: 4 + 1, then 1 + 1)
+    # the loop's budget: a round drafts at most the tokens left but one (7 tokens: the prefill's 1, 4 + 1, then 0 + 1)
     r = run([[True] * 7], lambda: FixedPolicy(4))
-    assert (r.tau, r.mean_gamma) == (3.5, 2.5)
+    assert (r.tau, r.mean_gamma) == pytest.approx((7 / 3, 4 / 3))
     # each forward the loop made is priced: a draft forward c_d (its catch-up of two tokens too), a target
     # forward c_t(k); each round adds o(γ), a plain step o_ar
     costs = Costs(0.1, {1: 1.0, 2: 1.5, 5: 3.0})
     r = run(ten, lambda: FixedPolicy(4), costs, ((lambda g: 0.5 if g else 0.2), 0.2))
-    assert r.speedup == pytest.approx((10 * 1.0 + 10 * 0.2) / (2 * (4 * 0.1 + 3.0 + 0.5)))
+    # the prefill's round c_t(1) + o(0); 4 draft forwards + c_t(5) + o(4); 3 draft forwards + c_t(4) (2.5 on the
+    # curve) + o(3)
+    rounds = (1.0 + 0.2) + (4 * 0.1 + 3.0 + 0.5) + (3 * 0.1 + 2.5 + 0.5)
+    assert r.speedup == pytest.approx((10 * 1.0 + 10 * 0.2) / rounds)
     # the measured overhead: fitted linear in γ over the greedy rounds; a round that drafted nothing is a plain step
     over = {"ar": {"seconds": 0.2, "gamma": 0}, "g1": {"seconds": 0.5, "gamma": 1}, "g4": {"seconds": 0.8, "gamma": 4}}
     o, o_ar = gc.overheads(over)
