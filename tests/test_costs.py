@@ -771,3 +771,19 @@ def test_the_regime_line_says_what_to_expect_from_the_measured_curve():
     # growing, yet short drafts pay
     grows = cal_mod.regime(Costs(0.3, {1: 1.0, 2: 1.2, 4: 1.6, 8: 2.4}), "transformers", "bfloat16")
     assert "verification not free" in grows and "short drafts pay" in grows and "1 draft token a round" in grows
+
+
+def test_the_curve_sentence_never_contradicts_the_regime():
+    """``pacer calibrate`` prints the curve's sentence and the regime line one under the other: the sentence never
+    says drafting pays (only the regime, which weighs the draft's cost too, says that), and where the curve alone
+    rules drafting out the regime decodes plainly. The float32 case: c_t(8) = 1.8 c_t(1) with a draft token at
+    0.28 of a target forward, a curve that looks cheap and a regime where nothing pays."""
+    cases = [Costs(0.01, {1: 1.0, 8: 1.05}), Costs(0.28, {1: 1.0, 8: 1.81}), Costs(0.05, {1: 1.0, 8: 3.0}),
+             Costs(0.05, {1: 1.0, 8: 6.0})]
+    for c in cases:
+        sentence = cal_mod.Calibration(c).verdict()
+        line = cal_mod.regime(c, "transformers", "float32")
+        assert "drafting pays" not in sentence, sentence
+        if "cannot pay" in sentence:
+            assert "decodes plainly" in line, (sentence, line)
+    assert "nearly free" not in cal_mod.Calibration(cases[1]).verdict()  # 1.81 is past FREE_GROWTH

@@ -82,14 +82,15 @@ class Calibration:
                 "measured": self.measured, "noisy": self.noisy, "prefill_warm": True}
 
     def verdict(self) -> str:
-        """Why speculation can or cannot pay on this machine, in one sentence."""
+        """What the target's curve says, in one sentence. Whether drafting pays also depends on the draft's cost:
+        :func:`regime` weighs both and is the one line that says so (except where the curve alone rules it out)."""
         g = self.costs.verification_growth(8)
         if g >= 4:
             return (f"scoring 8 tokens costs {g:.1f}x one token here (verification is not free on this CPU): "
                     f"drafting cannot pay, so rounds decode plainly")
-        if g >= 2:
-            return f"scoring 8 tokens costs {g:.1f}x one token here: only short, confident drafts pay"
-        return f"scoring 8 tokens costs {g:.1f}x one token here (verification nearly free): drafting pays"
+        if g > FREE_GROWTH:
+            return f"scoring 8 tokens costs {g:.1f}x one token here: at most short, confident drafts can pay"
+        return f"scoring 8 tokens costs {g:.1f}x one token here (verification nearly free)"
 
     def to_dict(self) -> dict:
         return {**self.payload(), "key": self.key, "source": self.source, "noisy": self.noisy,
