@@ -176,13 +176,13 @@ def test_the_shipped_profiles_load_and_name_their_machine():
     for name in ("zen4-avx512bf16-transformers-bf16", "zen4-avx512bf16-llamacpp-q4km"):
         p = Profile.load(root / f"{name}.json")
         assert p.name == name == default_name(p) and "family 25, model 17" in p.machine["describe"]
-        assert set(p.target_cost) == {32, 512, 2048} and not p.problems()
+        assert {32, 512, 2048} <= set(p.target_cost) and p.draft_cost and not p.problems()
     for path in root.glob("*.json"):  # no prefill point its own curve contradicts (a cold first forward)
         p = Profile.load(path)
         assert doubtful_prefills(p.target_cost, p.target_prefill) == {}, path.name
     flat = Profile.load(root / "zen4-avx512bf16-transformers-bf16.json").costs()
     steep = Profile.load(root / "zen4-avx512bf16-llamacpp-q4km.json").costs()
-    assert flat.verification_growth(8) < 1.2 < 3 < steep.verification_growth(8)
+    assert flat.verification_growth(8) <= 1.3 < 3 < steep.verification_growth(8)  # the flat-cost bar: 1.3
 
 
 def test_a_prefill_its_curve_contradicts_is_doubtful():

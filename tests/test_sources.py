@@ -154,3 +154,34 @@ def test_the_choice_is_lossless(pairs, kind):
             res = dec.generate(ids, "ouroboros", max_new_tokens=40, drafter=d, policy=policy)
             assert res.token_ids == ar, (kind, prompt)
             d.drafts.clear()
+
+
+def test_every_committed_position_predicts_from_the_text_before_it(pairs):
+    """The generation's own text is scored at every committed position, not once a round, so a grounded prompt
+    earns its evidence within a few rounds; and each prediction is what a phrase round at that position would
+    verify, from the text before it alone (no later token leaks in). Fails with one prediction a round (fewer
+    scored than tokens committed) or with the index synced past the position (a different phrase)."""
+    dec = pairs["same"]  # the draft is accepted: a round commits several tokens
+    ids = dec.encode("hello world, this is")
+    ar = dec.generate(ids, "ar", max_new_tokens=30).token_ids
+    prompt = ids + ar + ids  # the prompt holds text the output may repeat
+    d = recorder(dec, candidates=1)
+    made = []
+    predict = d.evidence.predict
+    d.evidence.predict = lambda kind, at, phrase: (made.append((kind, at, tuple(phrase))), predict(kind, at, phrase))
+    res = dec.generate(prompt, "ouroboros", max_new_tokens=40, drafter=d,
+                       policy=CostAwarePolicy(FixedPolicy(gamma=4), CURVE, refine=0.0))
+    seq = prompt + res.token_ids
+    lookups = {at: (k, p) for (src, k), at, p in made if src == "lookup" and p}
+    matched = []
+    for at in range(len(prompt) + 1, max(at for _, at, _ in made) + 1):  # up to the last round's start
+        idx = LookupIndex()
+        idx.sync(seq[:at])
+        k, cont = idx.find(seq[:at])
+        if cont:
+            matched.append(at)
+            assert at in lookups, at
+            assert lookups[at][0] == k and lookups[at][1] == cont[: len(lookups[at][1])], at
+    acc = res.stats.accepted_counts
+    starts = {len(prompt) + sum(acc[:i]) + i for i in range(len(acc))}  # each round's committed text
+    assert len(set(matched) - starts) >= 5, (matched, starts)  # positions inside rounds are predicted too

@@ -271,15 +271,16 @@ class LookupIndex:
         self.pool = PhrasePool(ngram, 1 << 16, key_len)
         self.seen = 0
 
-    def sync(self, tokens: list[int]) -> None:
-        """Index the tokens committed since the last call (the prompt at the first; a short continuation at the
-        end is kept, so text just committed is found at once)."""
-        if len(tokens) <= self.seen:
+    def sync(self, tokens: list[int], end: int | None = None) -> None:
+        """Index the tokens committed since the last call, up to ``end`` (all: ``None``; the prompt at the first
+        call; a short continuation at the end is kept, so text just committed is found at once)."""
+        end = len(tokens) if end is None else end
+        if end <= self.seen:
             return
         lo = max(0, self.seen - self.pool.ngram - self.pool.key_len)
-        self.pool.add_sequence(tokens[lo:], "output" if self.seen else "prompt", min_end=self.seen - lo,
+        self.pool.add_sequence(tokens[lo:end], "output" if self.seen else "prompt", min_end=self.seen - lo,
                                partial=True)
-        self.seen = len(tokens)
+        self.seen = end
 
     def find(self, context: list[int]) -> tuple[int, tuple[int, ...]]:
         """``(key length, continuation)`` of the longest match for the end of ``context`` (``(0, ())``: none)."""
@@ -499,6 +500,11 @@ class PhraseDrafter(TokenDrafter):
         if rate_d is None or policy.phrase_rate([1.0] * min(LOOKUP_LEN, budget))[1] <= rate_d * (1 + 1e-9):
             return None  # no cost model, or not even a phrase all right would pay (a linear curve): no pool work
         ev = self.evidence
+        if self.index.seen:  # every position committed since the last choice predicts too, from the text before it
+            for pos in range(self.index.seen + 1, len(tokens)):
+                self.index.sync(tokens, pos)
+                k, cont = self.index.find(tokens[max(0, pos - self.index.pool.key_len) : pos])
+                ev.predict(("lookup", k), pos, cont)
         ev.score(tokens)
         self.index.sync(tokens)
         self._sync(tokens)
