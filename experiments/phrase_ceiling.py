@@ -22,8 +22,9 @@ the right one, and branches cost nothing.
 
 With ``--draft-shape OTHER.json`` it also re-prices every method of each run with the profile except the draft
 forwards over ``k > 1`` tokens (phrase checks, short catch-ups), priced ``c_d(1) x`` the other machine's measured
-``c_d(k) / c_d(1)`` at the same context: a profile without a measured draft curve (the Zen 4 one) prices them at
-``c_d(1) + (k - 1)`` x the draft's prefill rate, and this shows how much a method's figure depends on that.
+``c_d(k) / c_d(1)`` at the same context: a profile without a measured draft curve (the Zen 4 one before
+2026-12-06) prices them at ``c_d(1) + (k - 1)`` x the draft's prefill rate, and this shows how much a method's
+figure depends on that.
 
     python experiments/phrase_ceiling.py RUN [RUN ...] [--method pacer] [--siblings 0.034] [--profile P.json]
                                      [--draft-shape OTHER.json]

@@ -43,6 +43,7 @@ def generate(capsys, pair, *args) -> tuple[int, str, str]:
     (json.dumps({"format": "pacer-phrase-pool", "vocab": 259, "entries": [[[1], [2, 999], "output"]]}).encode(),
      "with ids below 259"),
     (json.dumps({"format": "pacer-phrase-pool", "vocab": 3, "entries": []}).encode(), "another vocabulary"),
+    (json.dumps({"format": "pacer-phrase-pool", "vocab": "259", "entries": []}).encode(), "not a token count"),
 ])
 def test_a_pool_file_that_is_not_a_pool_is_one_line(tmp_path, content, needle):
     bad = tmp_path / "pool.json"
@@ -128,13 +129,20 @@ def test_serve_listen_settings_are_checked_before_the_models_load(capsys, pair, 
 
 
 def test_the_files_an_option_names_are_checked_before_the_models_load(tmp_path, capsys, pair, monkeypatch):
-    """A pool file that cannot be written and a pre-verifier folder that is not a checkpoint, given on the command
-    line, in the server's --speculative-config or in a bench spec: one line, exit 2, no model loaded."""
+    """A pool file that cannot be written or that exists and is not a pool, and a pre-verifier folder that is not
+    a checkpoint, given on the command line, in the server's --speculative-config or in a bench spec: one line,
+    exit 2, no model loaded."""
     no_model_loads(monkeypatch)
     f = tmp_path / "file"
     f.write_text("x")
+    junk = tmp_path / "junk.json"  # an existing pool file that is not one
+    junk.write_bytes(b"\xff\x00 not a pool")
+    shape = tmp_path / "shape.json"  # a pool whose entries are not [key, continuation, source]
+    shape.write_text(json.dumps({"format": "pacer-phrase-pool", "vocab": 9, "entries": [[[1], "x"]]}))
     models = ["--target", pair[0], "--draft", pair[1], "--dtype", "float32", "--threads", "1"]
     for method, key, value, needle in (
+            ("ouroboros", "pool_file", str(junk), "cannot be read (not JSON text"),
+            ("pacer+ouroboros", "pool_file", str(shape), "an entry is not [key ids, continuation ids, source]"),
             ("ouroboros", "pool_file", "/proc/nope/pool.json", "--pool-file /proc/nope/pool.json cannot be written"),
             ("ouroboros", "pool_file", str(f / "pool.json"), f"{f} is a file, not a folder"),
             ("ouroboros", "pool_file", str(tmp_path), "is an existing folder, not a file"),
@@ -149,7 +157,7 @@ def test_the_files_an_option_names_are_checked_before_the_models_load(tmp_path, 
                      ["bench", "--quick", "--out", str(tmp_path / "run"), "--methods", f"ar,{method}:{key}={value}"]):
             err = one_line(capsys, main(argv))
             assert needle in err, (argv, err)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "junk.json", "shape.json"]
 
 
 def test_export_specbench_is_checked_before_anything_is_written(tmp_path, capsys):

@@ -185,3 +185,16 @@ def test_every_committed_position_predicts_from_the_text_before_it(pairs):
     acc = res.stats.accepted_counts
     starts = {len(prompt) + sum(acc[:i]) + i for i in range(len(acc))}  # each round's committed text
     assert len(set(matched) - starts) >= 5, (matched, starts)  # positions inside rounds are predicted too
+
+
+def test_pacer_ouroboros_runs_the_configuration_chosen_on_the_development_questions(pairs):
+    """pacer+ouroboros's drafter has siblings=4 unless told otherwise (``SIBLINGS``, measured on the dev set);
+    plain ouroboros none; an explicit option wins."""
+    from pacer.methods.phrase import SIBLINGS
+    from pacer.methods.registry import Build, get
+
+    pair = pairs["close"].pair
+    assert SIBLINGS == 4
+    assert get("pacer+ouroboros").drafter(Build(pair)).siblings == SIBLINGS
+    assert get("pacer+ouroboros").drafter(Build(pair, options={"siblings": 0})).siblings == 0
+    assert get("ouroboros").drafter(Build(pair)).siblings == 0

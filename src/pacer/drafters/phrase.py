@@ -215,40 +215,62 @@ class PhrasePool:
 
     def load(self, path: Path | str, vocab: int) -> int:
         """Add the entries of a saved pool (as made by an earlier generation); returns how many were read. Anything
-        but such a file (unreadable, not JSON text, another vocabulary, entries of the wrong shape or with ids
-        outside the vocabulary) is a one-line error, and the pool is left as it was."""
-        path = Path(path)
-        try:
-            data = json.loads(path.read_bytes().decode("utf-8"))
-        except OSError as e:
-            raise PacerError(f"phrase pool file {path} cannot be read ({e.strerror or e}); pass another pool_file "
-                             f"(or a new name)") from None
-        except ValueError as e:  # UnicodeDecodeError, JSONDecodeError
-            raise PacerError(f"phrase pool file {path} cannot be read (not JSON text: {type(e).__name__}); delete "
-                             f"it or pass another pool_file (or a new name)") from None
-        if not isinstance(data, dict) or data.get("format") != "pacer-phrase-pool" \
-                or not isinstance(data.get("entries"), list):
-            raise PacerError(f"phrase pool file {path} cannot be read (not a pacer phrase pool); delete it or pass "
-                             f"another pool_file (or a new name)")
-        if data.get("vocab") != vocab:
-            raise PacerError(f"phrase pool file {path} was made for another vocabulary ({data.get('vocab')} tokens, "
-                             f"not {vocab}); delete it or pass another pool_file (or a new name)")
-
-        def ids(x: object) -> bool:
-            return isinstance(x, list) and all(type(i) is int and 0 <= i < vocab for i in x)
-
-        entries = data["entries"]
-        if not all(isinstance(e, list) and len(e) == 3 and ids(e[0]) and ids(e[1]) and isinstance(e[2], str)
-                   for e in entries):
-            raise PacerError(f"phrase pool file {path} cannot be read (an entry is not [key ids, continuation ids, "
-                             f"source] with ids below {vocab}); delete it or pass another pool_file (or a new "
-                             f"name)")
+        but such a file (:func:`read_pool_file`) is a one-line error, and the pool is left as it was."""
+        entries = read_pool_file(path, vocab)
         gen, self.generation = self.generation, self.generation - 1  # loaded entries count as warm
         for k, c, s in entries:
             if s in SOURCES and 1 <= len(k) <= self.key_len and c:
                 self.add(tuple(k), tuple(c[: self.ngram]), s)
         self.generation = gen
         return len(entries)
+
+
+def read_pool_file(path: Path | str, vocab: int | None = None) -> list:
+    """The entries of a saved phrase pool, checked: unreadable, not JSON text, not a pacer phrase pool, another
+    vocabulary (where ``vocab`` is given: the models are loaded) or entries of the wrong shape or with ids outside
+    the vocabulary are a one-line :class:`PacerError` saying what to do. Run before any model loads (the option's
+    preflight, ``vocab=None``) and again at load."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as e:
+        raise PacerError(f"phrase pool file {path} cannot be read ({e.strerror or e}); pass another pool_file "
+                         f"(or a new name)") from None
+    except ValueError as e:  # UnicodeDecodeError, JSONDecodeError
+        raise PacerError(f"phrase pool file {path} cannot be read (not JSON text: {type(e).__name__}); delete "
+                         f"it or pass another pool_file (or a new name)") from None
+    if not isinstance(data, dict) or data.get("format") != "pacer-phrase-pool" \
+            or not isinstance(data.get("entries"), list):
+        raise PacerError(f"phrase pool file {path} cannot be read (not a pacer phrase pool); delete it or pass "
+                         f"another pool_file (or a new name)")
+    size = data.get("vocab")
+    if type(size) is not int or size < 1:
+        raise PacerError(f"phrase pool file {path} cannot be read (its vocab is {size!r}, not a token count); "
+                         f"delete it or pass another pool_file (or a new name)")
+    if vocab is not None and size != vocab:
+        raise PacerError(f"phrase pool file {path} was made for another vocabulary ({size} tokens, "
+                         f"not {vocab}); delete it or pass another pool_file (or a new name)")
+
+    def ids(x: object) -> bool:
+        return isinstance(x, list) and all(type(i) is int and 0 <= i < size for i in x)
+
+    entries = data["entries"]
+    if not all(isinstance(e, list) and len(e) == 3 and ids(e[0]) and ids(e[1]) and isinstance(e[2], str)
+               for e in entries):
+        raise PacerError(f"phrase pool file {path} cannot be read (an entry is not [key ids, continuation ids, "
+                         f"source] with ids below {size}); delete it or pass another pool_file (or a new "
+                         f"name)")
+    return entries
+
+
+def check_pool_file(value: str) -> None:
+    """The ``pool_file`` option's check before any model loads: a file that can be written and, where it exists,
+    a phrase pool (:func:`read_pool_file`; its vocabulary is checked again once the models are loaded)."""
+    from ..io import check_out_file
+
+    path = check_out_file(value, "option pool_file")
+    if path.exists():
+        read_pool_file(path)
 
 
 def learn_committed(pool: PhrasePool, tokens: list[int], seen: int, learn) -> int:

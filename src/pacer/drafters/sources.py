@@ -11,8 +11,9 @@ generation (:class:`SourceEvidence`) and the measured costs (:meth:`pacer.polici
   text and the draft's own guesses), keyed by one or two tokens.
 
 **Evidence at no cost.** Decoding is greedy when phrases are used, so the committed text is the target's own:
-every round, the continuation each source would propose for the committed text is recorded, and once the text
-goes on it is scored - how many of its tokens the target would have accepted had the phrase alone been verified.
+the continuation each source would propose for the committed text is recorded (the pool's at every round, the
+generation's own text's at every committed position, from the text before it alone), and once the text goes on
+it is scored - how many of its tokens the target would have accepted had the phrase alone been verified.
 This is exactly the acceptance of a round that verifies that phrase (a *phrase round*: no draft forward, the
 phrase scored after the pending token), learnt from every round whether the phrase was used or not, so a source
 turned off keeps being measured and comes back when the text starts to repeat. The rates are per generation,

@@ -3,11 +3,17 @@
 
 from __future__ import annotations
 
-from ..drafters.phrase import PhraseDrafter
-from ..io import check_out_file
+from ..drafters.phrase import PhraseDrafter, check_pool_file
 from .learned import BLOCK, PATH, learned
 from .registry import Build, Method, Option, register
 from .rules import THRESHOLD, fixed
+
+#: pacer+ouroboros's siblings, chosen on the 40 development questions (8 kinds, 256 new tokens, greedy; AMD EPYC
+#: Zen 4, transformers bf16; docs/bench/dev40-zen4): against none, the same overall speedup (2.52x against 2.53x
+#: plain decoding, Zen 4 profile clock; 2.33x against 2.34x wall), a better median question (1.08x against 1.06x
+#: pacer) and a better median on 5 of the 8 kinds (writing, coding, math, stem, rag_qa), where none was 0.97-0.98x
+#: pacer on coding and stem
+SIBLINGS = 4
 
 PHRASE_OPTIONS = (
     Option("ngram", int, "ouroboros / lookup: phrase length (default 6 / 8)", to="drafter", minimum=1),
@@ -19,11 +25,12 @@ PHRASE_OPTIONS = (
     Option("sources", str, "ouroboros: phrase sources, a subset of prompt,output,verify,lookahead", to="drafter"),
     Option("warm_start", bool, "ouroboros: share the pool across generations (default true)", to="drafter"),
     Option("pool_file", str, "ouroboros: load the pool from / save it to this file", to="drafter",
-           path=True, preflight=lambda value: check_out_file(value, "option pool_file")),
+           path=True, preflight=check_pool_file),
     Option("phrases", bool, "ouroboros: draft phrase by phrase (false: token by token, candidates only)",
            to="drafter"),
     Option("siblings", int, "ouroboros: most sibling branches per round - the draft's second choice beside a draft "
-           "token, where the cost rule prices it as paying at the hit rate the drafter learnt (default 0)",
+           f"token, where the cost rule prices it as paying at the hit rate the drafter learnt (default 0; "
+           f"pacer+ouroboros: {SIBLINGS})",
            to="drafter", minimum=0),
     Option("choose", bool, "ouroboros: per round, the draft model, a phrase verified alone or both, by predicted "
            "payoff from what each earned in this generation (default true; greedy, under the cost rule)",
@@ -33,12 +40,15 @@ PHRASE_OPTIONS = (
 )
 
 
-def phrase_drafter(method: str):
+def phrase_drafter(method: str, **defaults):
+    """The method's drafter: its ``defaults`` (the best configuration measured on the development questions),
+    overridden by the options given."""
     def build(b: Build) -> PhraseDrafter:
+        options = {**defaults, **b.options}
         # each method (with its options) keeps its own warm-start pool: one method never sees another's output
-        tag = method + "".join(f"|{k}={v}" for k, v in sorted(b.options.items()))
+        tag = method + "".join(f"|{k}={v}" for k, v in sorted(options.items()))
         tag += f"|draft_vocab={len(b.rows)}" if b.rows is not None else ""
-        return PhraseDrafter(b.pair.draft_backend(b.rows), b.pair.vocab, pool_tag=tag, **b.options)
+        return PhraseDrafter(b.pair.draft_backend(b.rows), b.pair.vocab, pool_tag=tag, **options)
 
     return build
 
@@ -46,5 +56,5 @@ def phrase_drafter(method: str):
 register(Method("ouroboros", "Ouroboros: phrase drafting from an n-gram pool, candidate phrases verified in the "
                 "same forward; fixed γ", fixed, phrase_drafter("ouroboros"), options=PHRASE_OPTIONS, extras=True))
 register(Method("pacer+ouroboros", "PACER's layer deciding the length of Ouroboros phrase drafts",
-                learned("pacer"), phrase_drafter("pacer+ouroboros"),
+                learned("pacer"), phrase_drafter("pacer+ouroboros", siblings=SIBLINGS),
                 options=(THRESHOLD, PATH, BLOCK, *PHRASE_OPTIONS), extras=True))
