@@ -5,7 +5,7 @@ import pytest
 
 from pacer.costs import Costs
 from pacer.drafters.phrase import LookupIndex, PhraseDrafter
-from pacer.drafters.sources import SourceEvidence
+from pacer.drafters.sources import LOOKUP_LEN, SourceEvidence
 from pacer.policies import FixedPolicy
 from pacer.policies.cost_aware import CostAwarePolicy
 
@@ -198,3 +198,21 @@ def test_pacer_ouroboros_runs_the_configuration_chosen_on_the_development_questi
     assert get("pacer+ouroboros").drafter(Build(pair)).siblings == SIBLINGS
     assert get("pacer+ouroboros").drafter(Build(pair, options={"siblings": 0})).siblings == 0
     assert get("ouroboros").drafter(Build(pair)).siblings == 0
+
+
+@pytest.mark.parametrize("lookup_len", [None, 8, 12])
+def test_a_phrase_round_verifies_up_to_lookup_len_tokens(pairs, lookup_len):
+    """Where the text repeats and the generation's own text has paid, a round verifies the longest phrase the
+    cost rule prices as paying, up to ``lookup_len`` tokens (default 16). Fails with the length fixed at one value."""
+    dec = pairs["random"]
+    d = recorder(dec, candidates=1, **({} if lookup_len is None else {"lookup_len": lookup_len}))
+    d.reset()
+    span = [11 + i for i in range(24)]
+    tokens = [3, 4] + span + [5] + span[:3]  # the last 3 tokens start the span: its next 21 follow in the prompt
+    assert LOOKUP_LEN == 16
+    for k in (1, 2, 3):
+        d.evidence.total[("lookup", k)] = [[99, 100] for _ in range(d.evidence.length)]
+    pol = CostAwarePolicy(FixedPolicy(gamma=8), CURVE, refine=0.0)
+    draft = d._choose(tokens, pol, budget=16)
+    assert draft is not None and not draft.tokens  # a phrase verified alone
+    assert draft.branches[0] == span[3 : 3 + (lookup_len or LOOKUP_LEN)]

@@ -401,8 +401,10 @@ class PhraseDrafter(TokenDrafter):
                  candidate_len: int | None = None, key_len: int = 2,
                  sources: str | tuple[str, ...] | list[str] = SOURCES, warm_start: bool = True,
                  pool_file: str | Path | None = None, phrases: bool = True, pool_tag: str = "",
-                 tree_size: int | None = 10, siblings: int | None = None, choose: bool = True) -> None:
+                 tree_size: int | None = 10, siblings: int | None = None, choose: bool = True,
+                 lookup_len: int | None = None) -> None:
         super().__init__(backend, vocab)
+        self.lookup_len = LOOKUP_LEN if lookup_len is None else int(lookup_len)
         ngram = 6 if ngram is None else int(ngram)
         pool_size = 20000 if pool_size is None else int(pool_size)
         self.candidates = 2 if candidates is None else int(candidates)
@@ -410,9 +412,9 @@ class PhraseDrafter(TokenDrafter):
         self.siblings = 0 if siblings is None else int(siblings)
         if self.siblings:  # a sibling is the draft's second choice, priced from q(d_i) and the second's probability
             self.needs = frozenset({"prob", "second_prob", "second_token"})
-        if self.candidates < 0 or self.candidate_len < 1 or self.siblings < 0:
-            raise PacerError(f"candidates and siblings must be >= 0 (got {self.candidates}, {self.siblings}) and "
-                             f"candidate_len >= 1")
+        if self.candidates < 0 or self.candidate_len < 1 or self.siblings < 0 or self.lookup_len < 1:
+            raise PacerError(f"candidates and siblings must be >= 0 (got {self.candidates}, {self.siblings}), "
+                             f"candidate_len and lookup_len >= 1")
         self.tree_size = int(tree_size) if tree_size else None
         if isinstance(sources, str):
             sources = tuple(s.strip() for s in sources.replace("+", ",").split(",") if s.strip())
@@ -444,9 +446,9 @@ class PhraseDrafter(TokenDrafter):
         self.sibling_rate = SiblingRate()
         self.choose = bool(choose)
         if self.pool.evidence is None:
-            self.pool.evidence = SourceEvidence()
+            self.pool.evidence = SourceEvidence(self.lookup_len)
         self.evidence: SourceEvidence = self.pool.evidence
-        self.index = LookupIndex()
+        self.index = LookupIndex(self.lookup_len)
         self._phrase_round = False
 
     # ----------------------------------------------------------------------------------------------- pool
@@ -463,7 +465,7 @@ class PhraseDrafter(TokenDrafter):
         super().reset()
         self.pool.generation += 1
         self.evidence.new_generation()
-        self.index = LookupIndex()
+        self.index = LookupIndex(self.lookup_len)
         self._phrase_round = False
         self.counts = Counter()
         self.phrase_hits = Counter()
@@ -519,7 +521,7 @@ class PhraseDrafter(TokenDrafter):
         per second beat a draft round's (:meth:`pacer.policies.DraftPolicy.phrase_rate`, ``draft_rate``); ``None``:
         the draft model drafts (with phrases and branches where they pay). See :mod:`pacer.drafters.sources`."""
         rate_d = policy.draft_rate(max(0, len(tokens) - self.backend.length - 1), remaining)
-        if rate_d is None or policy.phrase_rate([1.0] * min(LOOKUP_LEN, budget))[1] <= rate_d * (1 + 1e-9):
+        if rate_d is None or policy.phrase_rate([1.0] * min(self.lookup_len, budget))[1] <= rate_d * (1 + 1e-9):
             return None  # no cost model, or not even a phrase all right would pay (a linear curve): no pool work
         ev = self.evidence
         if self.index.seen:  # every position committed since the last choice predicts too, from the text before it

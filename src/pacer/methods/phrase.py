@@ -35,6 +35,8 @@ PHRASE_OPTIONS = (
     Option("choose", bool, "ouroboros: per round, the draft model, a phrase verified alone or both, by predicted "
            "payoff from what each earned in this generation (default true; greedy, under the cost rule)",
            to="drafter"),
+    Option("lookup_len", int, "ouroboros: longest phrase a round verifies alone from the generation's own text "
+           "(default 16)", to="drafter", minimum=1),
     Option("tree_size", int, "ouroboros: most tokens one verification scores with the branches (0: no cap)",
            to="drafter", minimum=0),
 )
