@@ -1,0 +1,179 @@
+"""The decisions record: what every method decides on a fixed set of generations, so that a change that claims to
+change no behaviour can prove it.
+
+For each generation the record keeps the output tokens, each round's draft length and accepted count, and the
+ledger of forwards without their seconds (role, new tokens, cached context, tree or chain, rows kept): which source a
+round drafted from (the draft model, a phrase verified alone, both), how many branch tokens it scored and where the
+draft caught up are all visible there. The costs are fixed (no measured timing enters a decision: given costs and
+profiles are never refined), so the record is the same on any machine for the same float arithmetic.
+
+Two sets:
+
+* ``tiny`` - the tiny float32 pairs built in code (:mod:`pacer.tiny`), every method of the registry, greedy and one
+  seeded sample, under three cost curves (flat, a PyTorch-like one whose tree forwards cost more, a steep
+  llama.cpp-like one). Seconds to run; ``tests/test_decisions.py`` compares it with ``tests/data/decisions-tiny.json``.
+* ``real`` - the default pair on both backends (pacer, pacer+ouroboros and lookup), priced with the shipped Zen 4
+  profiles (``docs/profiles/``); minutes; ``tests/test_decisions.py``'s realpair case compares it with
+  ``tests/data/decisions-real.json`` where the pair is installed.
+
+    python scripts/decisions.py tiny --write tests/data/decisions-tiny.json
+    python scripts/decisions.py real --backend llamacpp --write tests/data/decisions-real-llamacpp.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: prompts: a code prompt whose answer repeats its own text (phrases and lookup engage), a chat question
+PROMPTS = [
+    (False, "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n    return a"),
+    (True, "Say hello to the world, then say hello to the world again."),
+]
+
+
+def tiny_costs() -> dict:
+    """Three cost curves for the tiny pairs (seconds; only ratios matter)."""
+    from pacer.costs import Costs
+
+    return {
+        "flat": Costs(draft=0.01, target={1: 1.0, 64: 1.0}),
+        "pytorch": Costs(draft=0.15, target={1: 1.0, 2: 0.93, 4: 0.96, 8: 1.05, 16: 1.3, 32: 1.9},
+                         draft_prefill=0.03, tree={2: 1.0, 8: 1.25, 16: 1.6, 32: 2.4}),
+        "llamacpp": Costs(draft=0.35, target={1: 1.0, 2: 1.6, 4: 2.7, 8: 4.9, 16: 7.5, 32: 12.0},
+                          draft_prefill=0.08),
+    }
+
+
+def generation_record(res) -> dict:
+    """What a generation decided: tokens, rounds and its forwards without their seconds."""
+    s = res.stats
+    return {
+        "tokens": list(res.token_ids),
+        "draft_lengths": list(s.draft_lengths),
+        "accepted": list(s.accepted_counts),
+        "forwards": [[c.role[0], c.k, c.context, int(c.tree), c.rows] for c in s.calls],
+        "finish": s.finish_reason,
+    }
+
+
+#: the tiny pair's pre-verification checkpoints (pacer, specdecpp), committed beside the record
+CHECKPOINTS = ROOT / "tests" / "data" / "decisions-checkpoints"
+
+
+def make_checkpoints(folder: Path = CHECKPOINTS) -> None:
+    """Collect rounds of the tiny ``close`` pair on fixed prompts and train a small layer of each kind (seeded):
+    what the learned methods decide with in the tiny record."""
+    import tempfile
+
+    import pacer.data.mix as mix
+    from pacer import Decoder
+    from pacer.preverify.collect import collect
+    from pacer.preverify.features import FeatureSpec
+    from pacer.preverify.train import train
+    from pacer.tiny import tiny_pair
+
+    pools = {c: [mix.TrainingPrompt(f"question {c} {i}: say something about {c}", c, "decisions") for i in range(4)]
+             for c in mix.CATEGORIES}
+    mix.candidate_pools, mix.benchmark_texts = (lambda: pools), (lambda: [])
+    dec = Decoder(*tiny_pair("close"), threads=1, costs=tiny_costs()["flat"])
+    with tempfile.TemporaryDirectory() as tmp:
+        collect(dec, Path(tmp) / "data", n_prompts=8, max_new_tokens=24, spec=FeatureSpec((-2, -1), 64, 6),
+                progress=False)
+        for kind in ("pacer", "specdecpp"):
+            train(Path(tmp) / "data", folder / kind, kind, block=2, epochs=3, seed=0, d=32, log=None,
+                  check_seconds=1e-4, costs=tiny_costs()["pytorch"])
+
+
+def run_tiny(max_new_tokens: int = 40) -> dict:
+    from pacer import Decoder, MethodRequest, methods
+    from pacer.sampling import SamplingConfig
+    from pacer.tiny import tiny_pair
+
+    if not CHECKPOINTS.exists():
+        make_checkpoints()
+    out: dict = {}
+    for pair_kind in ("close", "random"):
+        pair = tiny_pair(pair_kind)
+        for cost_name, costs in tiny_costs().items():
+            dec = Decoder(*pair, threads=1, costs=costs)
+            for name in methods.names():
+                opts = {"path": str(CHECKPOINTS / name.split("+")[0])} \
+                    if name.split("+")[0] in ("pacer", "specdecpp") else {}
+                for temp in (0.0, 0.8):
+                    key = f"{pair_kind}/{cost_name}/{name}/T{temp}"
+                    rows = []
+                    try:
+                        for chat, prompt in PROMPTS:
+                            sampling = SamplingConfig(temperature=temp, seed=7) if temp else None
+                            res = dec.generate(prompt, MethodRequest(name, options=opts), max_new_tokens,
+                                               sampling=sampling, chat=chat)
+                            rows.append(generation_record(res))
+                    except Exception as e:  # a method refused here (greedy-only, a checkpoint's size): recorded
+                        rows = {"error": f"{type(e).__name__}: {e}".replace(str(ROOT), "")[:200]}
+                    out[key] = rows
+    return out
+
+
+def run_real(backend: str, max_new_tokens: int = 64) -> dict:
+    from pacer import Decoder, MethodRequest
+    from pacer.profiles import Profile
+
+    profile = {"llamacpp": "zen4-avx512bf16-llamacpp-q4km.json",
+               "transformers": "zen4-avx512bf16-transformers-bf16.json"}[backend]
+    dec = Decoder.from_pretrained(backend=backend, progress=False)
+    dec.use_profile(Profile.load(ROOT / "docs" / "profiles" / profile))
+    out: dict = {}
+    for name in ("pacer", "pacer+ouroboros", "lookup"):
+        out[f"{backend}/{name}"] = [generation_record(dec.generate(p, MethodRequest(name), max_new_tokens, chat=c))
+                                    for c, p in PROMPTS]
+    return out
+
+
+def differences(old: dict, new: dict) -> list[str]:
+    """Where two records disagree: one line per generation (its key, the first field that differs and where)."""
+    lines = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if a == b:
+            continue
+        if not isinstance(a, list) or not isinstance(b, list) or len(a) != len(b):
+            lines.append(f"{key}: {str(a)[:80]} -> {str(b)[:80]}")
+            continue
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            for f in x:
+                if x[f] != y.get(f):
+                    at = next((j for j, (u, v) in enumerate(zip(x[f], y[f], strict=False)) if u != v),
+                              min(len(x[f]), len(y[f]))) if isinstance(x[f], list) else 0
+                    lines.append(f"{key} prompt {i}: {f} differs at {at}")
+                    break
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("set", choices=("tiny", "real"))
+    ap.add_argument("--backend", choices=("llamacpp", "transformers"), default="llamacpp")
+    ap.add_argument("--write", type=Path, help="write the record here")
+    ap.add_argument("--compare", type=Path, help="compare with this record; exit 1 where they differ")
+    a = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1 if a.set == "tiny" else torch.get_num_threads())
+    rec = run_tiny() if a.set == "tiny" else run_real(a.backend)
+    if a.write:
+        a.write.parent.mkdir(parents=True, exist_ok=True)
+        a.write.write_text(json.dumps(rec, separators=(",", ":"), sort_keys=True) + "\n")
+    if a.compare:
+        diff = differences(json.loads(a.compare.read_text()), rec)
+        print("\n".join(diff) or f"decisions unchanged ({len(rec)} entries)")
+        return 1 if diff else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
