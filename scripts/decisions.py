@@ -49,6 +49,17 @@ def tiny_costs() -> dict:
     }
 
 
+#: the pre-verification layer's check, in seconds: fixed here (a decoder measures it once per process), so that
+#: no timing enters a recorded decision
+CHECK_SECONDS = 2e-4
+
+
+def fixed_checks() -> None:
+    import pacer.policies.learned as learned
+
+    learned.check_cost = lambda *a, **k: CHECK_SECONDS
+
+
 def generation_record(res) -> dict:
     """What a generation decided: tokens, rounds and its forwards without their seconds."""
     s = res.stats
@@ -96,6 +107,7 @@ def run_tiny(max_new_tokens: int = 40) -> dict:
 
     if not CHECKPOINTS.exists():
         make_checkpoints()
+    fixed_checks()
     out: dict = {}
     for pair_kind in ("close", "random"):
         pair = tiny_pair(pair_kind)
@@ -125,6 +137,7 @@ def run_real(backend: str, max_new_tokens: int = 64) -> dict:
 
     profile = {"llamacpp": "zen4-avx512bf16-llamacpp-q4km.json",
                "transformers": "zen4-avx512bf16-transformers-bf16.json"}[backend]
+    fixed_checks()
     dec = Decoder.from_pretrained(backend=backend, progress=False)
     dec.use_profile(Profile.load(ROOT / "docs" / "profiles" / profile))
     out: dict = {}

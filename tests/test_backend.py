@@ -19,7 +19,7 @@ from pacer.decoding import (
 )
 from pacer.decoding.stats import GenerationStats
 from pacer.drafters import TokenDrafter
-from pacer.drafters.phrase import PhraseDrafter
+from pacer.drafters.phrase import PhraseDrafter, PhraseOptions
 from pacer.policies import ConfidencePolicy, DraftPolicy, EntropyPolicy, FixedPolicy, HeuristicPolicy, OraclePolicy
 from pacer.sampling import SamplingConfig
 
@@ -148,7 +148,7 @@ def test_ouroboros_tree_verification_on_a_fake_backend():
     the pool is seeded with the target's own continuation, so branches are accepted and extend rounds."""
     target, draft = FakeBackend(salt=1), FakeBackend(salt=2, agree_with=1, agree=0.5)
     ref = plain(60)
-    d = PhraseDrafter(draft, V, warm_start=False, candidates=2, sources=("verify", "output"))
+    d = PhraseDrafter(draft, V, PhraseOptions(warm_start=False, candidates=2, sources=("verify", "output")))
     seq = PROMPT + ref
     d.pool.add_sequence(seq, "output")
     stats = GenerationStats()

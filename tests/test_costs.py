@@ -460,8 +460,8 @@ def test_candidate_branches_pay_like_draft_tokens():
         pol = CostAwarePolicy(FixedPolicy(gamma=4), costs)
         if yield_ is not None:  # 100 branch tokens read, yield_ of each accepted
             pol.memory.branch_update(100, int(100 * yield_))
-        pol.S, pol.spent = [0.9, 0.8, 0.7][:drafted], drafted * costs.draft
-        return pol.branch_room(drafted)
+        pol.pricer.S, pol.pricer.spent = [0.9, 0.8, 0.7][:drafted], drafted * costs.draft
+        return pol.pricer.branch_room(drafted)
 
     assert room(LINEAR) == 0
     # nothing drafted: a pool's continuation of the committed text, its yield learnt apart from the branches'
@@ -469,17 +469,17 @@ def test_candidate_branches_pay_like_draft_tokens():
     assert room(FLAT, yield_=0.0, drafted=0) >= 8  # the yield after a draft does not price it ...
     gentle = Costs(draft=0.03, target={1: 0.3, 17: 0.348})  # a scored token costs 1% of a forward
     pol = CostAwarePolicy(FixedPolicy(gamma=4), gentle)
-    assert pol.branch_room(0) >= 8
+    assert pol.pricer.branch_room(0) >= 8
     pol.memory.pool_update(1000, 0)
-    assert pol.branch_room(0) == 0  # ... its own does
-    assert FixedPolicy(gamma=4).branch_room(0) == 0  # no cost model: none where nothing was drafted
+    assert pol.pricer.branch_room(0) == 0  # ... its own does
+    assert FixedPolicy(gamma=4).pricer.branch_room(0) == 0  # no cost model: none where nothing was drafted
     assert room(FLAT) >= 8  # FLAT: c_t(17) is 1.1 c_t(1)
     assert room(FLAT, yield_=0.0) == 0  # branches that never yield stop being scored
     dear_tree = Costs(FLAT.draft, FLAT.target, tree={k: 2 * FLAT.target_cost(k) for k in (2, 4, 8, 17)})
     assert room(dear_tree) == 0  # a masked forward taking a kernel twice as dear
     steep_after_8 = Costs(0.03, {1: 0.3, 2: 0.3, 8: 0.31, 9: 0.6, 17: 1.2})
     assert 1 <= room(steep_after_8) <= 8 - 4  # only up to the end of the flat part (k = 4 + b <= 8)
-    assert FixedPolicy(gamma=4).branch_room(3) > 1000  # no cost model: unbounded
+    assert FixedPolicy(gamma=4).pricer.branch_room(3) > 1000  # no cost model: unbounded
     d = Draft([1, 2], None, DraftState(), branches=[[3, 4, 5], [6, 7, 8]])
     ids, tree = d.tree_inputs([0], room=3, total=4)
     assert d.branches == [[3, 4, 5], [6]] and ids == [0, 1, 2, 3, 4, 5, 6]
@@ -508,8 +508,8 @@ def test_sibling_branches_pay_like_draft_tokens():
 
     def chosen(costs, hits, S=(0.9, 0.5, 0.45)):
         pol = CostAwarePolicy(FixedPolicy(gamma=4), costs)
-        pol.S, pol.spent = list(S), len(S) * costs.draft
-        return pol.sibling_room(DraftState(tokens=[1] * len(S), prob=list(S)), hits)
+        pol.pricer.S, pol.pricer.spent = list(S), len(S) * costs.draft
+        return pol.pricer.sibling_room(DraftState(tokens=[1] * len(S), prob=list(S)), hits)
 
     assert chosen(FLAT, [0.5, 0.5, 0.5]) == [1, 0, 2]  # gains 0.2, 0.05, 0.025 (S_0 = 1)
     assert chosen(LINEAR, [0.5, 0.5, 0.5]) == []
@@ -519,7 +519,7 @@ def test_sibling_branches_pay_like_draft_tokens():
     assert chosen(steep_after_4, [0.5, 0.5, 0.5]) == []  # k = 4 already: one more token costs half a forward
     # no cost model: every position, likeliest first by the draft's own survival
     st = DraftState(tokens=[1, 2, 3], prob=[0.9, 0.5, 0.99])
-    assert FixedPolicy(gamma=4).sibling_room(st, [0.5, 0.5, 0.0]) == [1, 0]
+    assert FixedPolicy(gamma=4).pricer.sibling_room(st, [0.5, 0.5, 0.0]) == [1, 0]
 
 
 def test_what_the_rule_learns_carries_over_to_the_next_generation():
@@ -558,7 +558,7 @@ def test_a_literal_rule_keeps_its_length_and_its_extras_are_priced():
     a method that adds nothing priced (``sd``) is left as it is."""
     from pacer import methods
     from pacer.cli import cost_note
-    from pacer.drafters.phrase import clear_shared_pools
+    from pacer.drafters.pool import clear_shared_pools
 
     steep = Costs(LINEAR.draft, LINEAR.target, draft_curve={1: 0.135, 2: 0.27, 8: 1.08})  # c_d(k) ∝ k too
     for costs in (steep, FLAT):
@@ -570,8 +570,8 @@ def test_a_literal_rule_keeps_its_length_and_its_extras_are_priced():
             assert pol.should_continue(st)
             st.tokens.append(n)
         assert not pol.should_continue(st)
-        assert (pol.branch_room(4) == 0) == (costs is steep)
-        assert (pol.phrase_room(1, [0.9] * 4) == 0) == (costs is steep)
+        assert (pol.pricer.branch_room(4) == 0) == (costs is steep)
+        assert (pol.pricer.phrase_room(1, [0.9] * 4) == 0) == (costs is steep)
         assert pol.describe().endswith("extras priced")
         assert methods.get("pacer+ouroboros").extras and not methods.get("pacer").extras
         assert isinstance(dec.make_policy("sd", gamma=4), FixedPolicy)
@@ -645,11 +645,11 @@ def test_phrases_pay_like_draft_tokens():
     any length."""
     steep = Costs(0.036, {1: 0.25, 8: 0.26}, draft_curve={1: 0.036, 2: 0.041, 4: 0.047, 8: 0.2})
     pol = CostAwarePolicy(FixedPolicy(gamma=4), steep)
-    assert pol.phrase_room(1, [0.9] * 6) == 3  # to k = 4: the curve is flat there, dear beyond
-    assert pol.phrase_room(1, [0.1] * 6) == 0  # the draft rarely agrees: the longer forward does not pay
+    assert pol.pricer.phrase_room(1, [0.9] * 6) == 3  # to k = 4: the curve is flat there, dear beyond
+    assert pol.pricer.phrase_room(1, [0.1] * 6) == 0  # the draft rarely agrees: the longer forward does not pay
     flat = CostAwarePolicy(FixedPolicy(gamma=4), Costs(0.036, {1: 0.25, 8: 0.26}))  # no draft curve: c_d at any k
-    assert flat.phrase_room(1, [0.1] * 6) == 6
-    assert FixedPolicy(gamma=4).phrase_room(1, [0.01] * 5) == 5
+    assert flat.pricer.phrase_room(1, [0.1] * 6) == 6
+    assert FixedPolicy(gamma=4).pricer.phrase_room(1, [0.01] * 5) == 5
     assert Costs.from_dict(steep.to_dict()).draft_cost(3) == pytest.approx(0.044)
 
 

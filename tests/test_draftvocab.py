@@ -76,11 +76,11 @@ def test_greedy_features_over_the_scored_ids_equal_the_full_rows(close, phrases)
     """A greedy drafter reads only the ids a reduced head scores (every other probability is 0): its tokens and
     features (probability, top two, entropy) equal those computed over the whole vocabulary row."""
     from pacer.decoding.drafter import token_features
-    from pacer.drafters.phrase import PhraseDrafter
+    from pacer.drafters.phrase import PhraseDrafter, PhraseOptions
     from pacer.policies.base import DraftState
 
     rows = torch.tensor(HALF)
-    make = (lambda b: PhraseDrafter(b, close.vocab, warm_start=False)) if phrases else (
+    make = (lambda b: PhraseDrafter(b, close.vocab, PhraseOptions(warm_start=False))) if phrases else (
         lambda b: TokenDrafter(b, close.vocab))
     drafter = make(TransformersBackend(close.draft_info.model, rows))
     ids = close.encode("The 3 quick brown foxes jump over the 3 quick brown")

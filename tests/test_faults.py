@@ -11,7 +11,7 @@ import pytest
 
 from pacer import PacerError
 from pacer.cli import main
-from pacer.drafters.phrase import PhrasePool
+from pacer.drafters.pool import PhrasePool
 from pacer.tiny import save_tiny_pair
 
 PROMPT = "hello world, this is"

@@ -15,7 +15,7 @@ from pacer.backends.transformers import TransformersBackend
 from pacer.costs import Costs
 from pacer.decoding.drafter import _features_torch, token_features
 from pacer.drafters import TokenDrafter
-from pacer.drafters.phrase import PhraseDrafter
+from pacer.drafters.phrase import PhraseDrafter, PhraseOptions
 from pacer.policies import (
     DRAFT_FEATURES,
     ConfidencePolicy,
@@ -78,7 +78,7 @@ def test_a_drafter_computes_only_the_features_its_policy_reads(close, phrases):
         (Everything(), set(FIELDS)),
     ]
     backend = TransformersBackend(close.draft_info.model)  # the full vocabulary
-    make = (lambda: PhraseDrafter(backend, close.vocab, warm_start=False)) if phrases else (
+    make = (lambda: PhraseDrafter(backend, close.vocab, PhraseOptions(warm_start=False))) if phrases else (
         lambda: TokenDrafter(backend, close.vocab))
     ids = close.encode("The 3 quick brown foxes jump over the 3 quick brown")
     drafts = []
@@ -97,7 +97,7 @@ def test_siblings_make_the_drafter_compute_what_it_prices_them_with(close):
     """Ouroboros' sibling branches read ``q(d_i)`` and the draft's second choice and its probability, whatever the
     policy reads."""
     backend = TransformersBackend(close.draft_info.model)
-    drafter = PhraseDrafter(backend, close.vocab, warm_start=False, siblings=2)
+    drafter = PhraseDrafter(backend, close.vocab, PhraseOptions(warm_start=False, siblings=2))
     d = _draft(drafter, FixedPolicy(gamma=6), close.encode("def f(x):\n    return x"))
     assert _computed(d.state) == {"prob", "second_prob", "second_token"}
     assert len(d.state.second_token) == len(d.tokens) == 6

@@ -23,7 +23,7 @@ from pacer.decoding.meter import (
 )
 from pacer.decoding.stats import GenerationStats
 from pacer.drafters import TokenDrafter
-from pacer.drafters.phrase import PhraseDrafter
+from pacer.drafters.phrase import PhraseDrafter, PhraseOptions
 from pacer.policies import DraftPolicy, FixedPolicy
 from pacer.policies.cost_aware import CostAwarePolicy
 from pacer.sampling import SamplingConfig
@@ -99,7 +99,8 @@ def test_metered_backend_reads_through_and_is_applied_once():
 @pytest.mark.parametrize("drafter", ["token", "phrase"])
 def test_the_breakdown_adds_up_to_the_wall_time(drafter):
     t, d = _pair(delay=0.003)
-    dr = TokenDrafter(d, t.vocab_size) if drafter == "token" else PhraseDrafter(d, t.vocab_size, warm_start=False)
+    dr = TokenDrafter(d, t.vocab_size) if drafter == "token" else \
+        PhraseDrafter(d, t.vocab_size, PhraseOptions(warm_start=False))
     stats = GenerationStats()
     speculative_generate(t, dr, FixedPolicy(gamma=4), PROMPT, Output(40, set()), SamplingConfig(), stats)
     parts = stats.breakdown()
@@ -148,7 +149,8 @@ def test_a_round_that_drafts_nothing_costs_what_plain_decoding_costs(kind):
     if kind == "token":
         dr = TokenDrafter(d, t.vocab_size)
     else:
-        dr = PhraseDrafter(d, t.vocab_size, warm_start=False, candidates=3 if "candidates" in kind else 0)
+        dr = PhraseDrafter(d, t.vocab_size,
+                           PhraseOptions(warm_start=False, candidates=3 if "candidates" in kind else 0))
     stats = GenerationStats()
     ids = speculative_generate(t, dr, Never(), PROMPT, Output(20, set()), SamplingConfig(), stats)
     plain = GenerationStats()
@@ -165,7 +167,7 @@ def test_a_round_that_drafts_nothing_costs_what_plain_decoding_costs(kind):
 def test_nothing_pays_under_a_linear_curve_so_the_cost_rule_runs_plain_rounds_with_no_tree():
     linear = Costs(draft=0.4, target={1: 1.0, 2: 2.0, 4: 4.0, 8: 8.0})
     t, d = _pair()
-    dr = PhraseDrafter(d, t.vocab_size, warm_start=False, candidates=3)
+    dr = PhraseDrafter(d, t.vocab_size, PhraseOptions(warm_start=False, candidates=3))
     stats = GenerationStats()
     speculative_generate(t, dr, CostAwarePolicy(FixedPolicy(gamma=4, min_draft=0), linear, refine=0.0), PROMPT,
                          Output(16, set()), SamplingConfig(), stats)
@@ -188,7 +190,7 @@ def test_phrase_pool_catches_up_with_rounds_that_drafted_nothing():
         def update(self, state, result):
             self.round += 1
 
-    dr = PhraseDrafter(d, t.vocab_size, warm_start=False, candidates=0, sources="prompt,output")
+    dr = PhraseDrafter(d, t.vocab_size, PhraseOptions(warm_start=False, candidates=0, sources="prompt,output"))
     sizes = []
 
     class Spy(Third):
@@ -199,7 +201,7 @@ def test_phrase_pool_catches_up_with_rounds_that_drafted_nothing():
     speculative_generate(t, dr, Spy(), PROMPT, Output(30, set()), SamplingConfig(), GenerationStats())
     assert sizes[0] == (0, 0) and sizes[1] == (0, 0)  # two plain rounds: the pool untouched
     assert sizes[2][0] > 0 and sizes[2][1] > 0  # the first drafting round learned the prompt and output so far
-    ref = PhraseDrafter(FakeBackend(2), t.vocab_size, warm_start=False, candidates=0, sources="prompt")
+    ref = PhraseDrafter(FakeBackend(2), t.vocab_size, PhraseOptions(warm_start=False, candidates=0, sources="prompt"))
     ref._sync(PROMPT)
     assert set(ref.pool.entries) <= set(dr.pool.entries)
 
@@ -216,7 +218,7 @@ class Cycle(FakeBackend):
 def _pool_round(costs: Costs):
     t = MeteredBackend(Cycle(1), TARGET)
     d = MeteredBackend(Slow(2, agree_with=1, agree=0.8), DRAFT)
-    dr = PhraseDrafter(d, t.vocab_size, warm_start=False, candidates=1, sources="prompt,output")
+    dr = PhraseDrafter(d, t.vocab_size, PhraseOptions(warm_start=False, candidates=1, sources="prompt,output"))
     stats = GenerationStats()
     pol = CostAwarePolicy(Never(), costs, refine=0.0)
     ids = speculative_generate(t, dr, pol, PROMPT, Output(24, set()), SamplingConfig(), stats)

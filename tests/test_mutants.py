@@ -7,7 +7,7 @@ import io
 
 import pytest
 
-from pacer.drafters.phrase import rejection_phrase
+from pacer.drafters.pool import rejection_phrase
 from pacer.streaming import TextStreamer
 from pacer.tiny import tiny_tokenizer
 

@@ -11,7 +11,8 @@ from pacer.backends.transformers import TransformersBackend
 from pacer.costs import Costs
 from pacer.decoding import Draft, Tree
 from pacer.drafters import TokenDrafter
-from pacer.drafters.phrase import PhraseDrafter, PhrasePool, clear_shared_pools
+from pacer.drafters.phrase import PhraseDrafter, PhraseOptions
+from pacer.drafters.pool import PhrasePool, clear_shared_pools
 from pacer.errors import PacerError
 from pacer.policies import ConfidencePolicy, DraftState, FixedPolicy
 from pacer.policies.cost_aware import CostAwarePolicy
@@ -21,7 +22,7 @@ PROMPTS = ["hello world, this is", "def f(x):\n    return", "a", "abc abc abc ab
 
 
 def drafter(dec, **opts):
-    return PhraseDrafter(dec.draft_backend(), dec.vocab, **opts)
+    return PhraseDrafter(dec.draft_backend(), dec.vocab, PhraseOptions(**opts))
 
 
 def check_stats(res):
@@ -102,9 +103,9 @@ def test_phrase_agreement_is_learnt_per_kind_of_entry(pairs):
     policy = CostAwarePolicy(FixedPolicy(gamma=4), curve)
     d = drafter(pairs["same"], sources=(), warm_start=False)
     d.pool = pool
-    assert d._phrase_len(policy, 1, 4, ("lookahead", 2)) == 0
-    assert d._phrase_len(policy, 1, 4, ("output", 2)) == 3  # to k = 4: dear beyond (test_costs)
-    assert d._phrase_len(policy, 1, 4) > 0  # the overall rate alone would check the poor kind's phrases too
+    assert d._phrase_len(policy.pricer, 1, 4, ("lookahead", 2)) == 0
+    assert d._phrase_len(policy.pricer, 1, 4, ("output", 2)) == 3  # to k = 4: dear beyond (test_costs)
+    assert d._phrase_len(policy.pricer, 1, 4) > 0  # the overall rate alone would check the poor kind's phrases too
 
     dec = pairs["same"]
     ids = dec.encode(PROMPTS[0])
@@ -341,7 +342,7 @@ def test_the_sibling_hit_rate_is_learnt_from_every_rejection():
     """The draft's estimate that its second choice is the target's token is scaled by what the rounds showed:
     every greedy rejection is one observation (whether or not a sibling was scored there), a runner-up that is
     never the target's token drives the scale - and the priced chance - towards 0."""
-    from pacer.drafters.phrase import SiblingRate
+    from pacer.drafters.branches import SiblingRate
 
     rate = SiblingRate()
     assert rate.ratio == 1.0 and rate.hits_of([0.4, 0.9]) == [0.4, 0.9]
@@ -370,7 +371,7 @@ def test_a_generation_with_siblings_learns_one_observation_per_rejected_round(pa
 
     req = MethodRequest.of("ouroboros", gamma=4, options={"siblings": 4, "candidates": 0})
     drafter = dec.make_drafter(req)
-    rate = drafter.sibling_rate
+    rate = drafter.branches.sibling_rate
     rate.PRIOR = 0.0
     rate.update(10.0, False)  # learnt: the runner-up is never the target's token ...
     rate.update = lambda raw, hit: None  # ... and this generation teaches it nothing else

@@ -297,7 +297,7 @@ def test_target_hidden_is_the_final_state_where_the_bonus_token_was_predicted(cl
     """``RoundResult.target_hidden`` is the target's final hidden state at the row whose distribution gave the
     round's last committed token (checked against one plain forward over the output), for rounds that accepted
     everything, some or nothing, and for rounds that a candidate branch (Ouroboros' siblings) extended."""
-    from pacer.drafters.phrase import clear_shared_pools
+    from pacer.drafters.pool import clear_shared_pools
 
     clear_shared_pools()
     extended = 0

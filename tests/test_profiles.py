@@ -14,7 +14,7 @@ from pacer.decoding import Output, speculative_generate
 from pacer.decoding.meter import DRAFT, TARGET, Call, MeteredBackend
 from pacer.decoding.stats import GenerationStats
 from pacer.drafters import TokenDrafter
-from pacer.drafters.phrase import PhraseDrafter
+from pacer.drafters.phrase import PhraseDrafter, PhraseOptions
 from pacer.errors import PacerError
 from pacer.policies import FixedPolicy
 from pacer.profiles import FORMAT, Profile, clock, default_name, doubtful_prefills
@@ -232,7 +232,8 @@ def test_with_the_machines_own_profile_the_clock_reproduces_the_wall_time(kind, 
     p = synthetic()
     t = MeteredBackend(Timed(1, profile=p, role=TARGET, clock=vc), TARGET)
     d = MeteredBackend(Timed(2, agree_with=1, agree=0.8, profile=p, role=DRAFT, clock=vc), DRAFT)
-    dr = TokenDrafter(d, t.vocab_size) if kind == "token" else PhraseDrafter(d, t.vocab_size, warm_start=False)
+    dr = TokenDrafter(d, t.vocab_size) if kind == "token" else \
+        PhraseDrafter(d, t.vocab_size, PhraseOptions(warm_start=False))
     stats = GenerationStats()
     speculative_generate(t, dr, FixedPolicy(gamma=4), [1, 2, 3, 4, 5, 1, 2, 3], Output(40, set()),
                          SamplingConfig(), stats)

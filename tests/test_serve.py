@@ -308,7 +308,7 @@ def test_a_request_never_chooses_a_file_or_folder_on_the_server(server, tmp_path
     opened (the pool reader, the pool writer's check and the checkpoint loader are never called)."""
     import pacer.io
     import pacer.policies.learned
-    from pacer.drafters.phrase import PhrasePool
+    from pacer.drafters.pool import PhrasePool
     from pacer.methods import path_options
 
     assert set(path_options()) == {"pool_file", "path"}

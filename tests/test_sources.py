@@ -4,8 +4,8 @@ predicted payoff from what each source earned in this generation; lossless whate
 import pytest
 
 from pacer.costs import Costs
-from pacer.drafters.phrase import LookupIndex, PhraseDrafter
-from pacer.drafters.sources import LOOKUP_LEN, SourceEvidence
+from pacer.drafters.phrase import PhraseDrafter, PhraseOptions
+from pacer.drafters.sources import LOOKUP_LEN, LookupIndex, SourceEvidence
 from pacer.policies import FixedPolicy
 from pacer.policies.cost_aware import CostAwarePolicy
 
@@ -31,7 +31,7 @@ class Recorder(PhraseDrafter):
 
 
 def recorder(dec, **opts):
-    return Recorder(dec.draft_backend(), dec.vocab, warm_start=False, **opts)
+    return Recorder(dec.draft_backend(), dec.vocab, PhraseOptions(warm_start=False, **opts))
 
 
 def wrong(x):
@@ -75,7 +75,7 @@ def test_lookup_index_finds_the_longest_match_in_the_prompt_first():
 def test_draft_rate_and_phrase_rate_price_the_round():
     """A phrase verified alone costs one target forward and no draft forward; a draft round pays its draft tokens
     and its share of a catch-up over the tokens still to come."""
-    pol = CostAwarePolicy(FixedPolicy(gamma=8), CURVE, refine=0.0)
+    pol = CostAwarePolicy(FixedPolicy(gamma=8), CURVE, refine=0.0).pricer
     L, rate = pol.phrase_rate([0.9, 0.8, 0.7, 0.6])
     assert L == 4 and rate == pytest.approx((1 + 0.9 + 0.8 + 0.7 + 0.6) / CURVE.target_cost(5))
     assert pol.phrase_rate([])[0] == 0
@@ -86,7 +86,7 @@ def test_draft_rate_and_phrase_rate_price_the_round():
     for _ in range(8):  # this generation's drafts are rejected: the draft model's rate falls to plain decoding's
         pol.gen_counts[1][1] += 1
     assert pol.draft_rate() < base and pol.gen_alpha(1) < 0.3
-    assert FixedPolicy(gamma=4).draft_rate() is None  # no cost model: no choice
+    assert FixedPolicy(gamma=4).pricer.draft_rate() is None  # no cost model: no choice
 
 
 @pytest.mark.parametrize("prompt", FRESH)
@@ -129,7 +129,7 @@ def test_phrases_this_text_does_not_take_are_not_verified(pairs, prompt):
         pol = CostAwarePolicy(FixedPolicy(gamma=4), CURVE, refine=0.0)
         pol.memory.branch_update(400, 200)  # as after generations whose branches paid
         pol.memory.pool_update(400, 200)
-        d.evidence.total[("pool", 2)] = [[50, 100] for _ in range(d.evidence.length)]
+        d.choice.evidence.total[("pool", 2)] = [[50, 100] for _ in range(d.choice.evidence.length)]
         res = dec.generate(ids, "ouroboros", max_new_tokens=40, drafter=d, policy=pol)
         assert res.token_ids == ar
         verified = [sum(len(b) for b in x.branches) for x in d.drafts]
@@ -167,8 +167,9 @@ def test_every_committed_position_predicts_from_the_text_before_it(pairs):
     prompt = ids + ar + ids  # the prompt holds text the output may repeat
     d = recorder(dec, candidates=1)
     made = []
-    predict = d.evidence.predict
-    d.evidence.predict = lambda kind, at, phrase: (made.append((kind, at, tuple(phrase))), predict(kind, at, phrase))
+    ev = d.choice.evidence
+    predict = ev.predict
+    ev.predict = lambda kind, at, phrase: (made.append((kind, at, tuple(phrase))), predict(kind, at, phrase))
     res = dec.generate(prompt, "ouroboros", max_new_tokens=40, drafter=d,
                        policy=CostAwarePolicy(FixedPolicy(gamma=4), CURVE, refine=0.0))
     seq = prompt + res.token_ids
@@ -195,9 +196,9 @@ def test_pacer_ouroboros_runs_the_configuration_chosen_on_the_development_questi
 
     pair = pairs["close"].pair
     assert SIBLINGS == 4
-    assert get("pacer+ouroboros").drafter(Build(pair)).siblings == SIBLINGS
-    assert get("pacer+ouroboros").drafter(Build(pair, options={"siblings": 0})).siblings == 0
-    assert get("ouroboros").drafter(Build(pair)).siblings == 0
+    assert get("pacer+ouroboros").drafter(Build(pair)).options.siblings == SIBLINGS
+    assert get("pacer+ouroboros").drafter(Build(pair, options={"siblings": 0})).options.siblings == 0
+    assert get("ouroboros").drafter(Build(pair)).options.siblings == 0
 
 
 @pytest.mark.parametrize("lookup_len", [None, 8, 12])
@@ -211,8 +212,8 @@ def test_a_phrase_round_verifies_up_to_lookup_len_tokens(pairs, lookup_len):
     tokens = [3, 4] + span + [5] + span[:3]  # the last 3 tokens start the span: its next 21 follow in the prompt
     assert LOOKUP_LEN == 16
     for k in (1, 2, 3):
-        d.evidence.total[("lookup", k)] = [[99, 100] for _ in range(d.evidence.length)]
+        d.choice.evidence.total[("lookup", k)] = [[99, 100] for _ in range(d.choice.evidence.length)]
     pol = CostAwarePolicy(FixedPolicy(gamma=8), CURVE, refine=0.0)
-    draft = d._choose(tokens, pol, budget=16)
-    assert draft is not None and not draft.tokens  # a phrase verified alone
-    assert draft.branches[0] == span[3 : 3 + (lookup_len or LOOKUP_LEN)]
+    found = d.choice.choose(tokens, pol.pricer, 16, 0, 0, d._sync)
+    assert found is not None  # a phrase verified alone ...
+    assert found[0] == span[3 : 3 + (lookup_len or LOOKUP_LEN)] and found[1] is None  # ... from the text itself

@@ -16,7 +16,7 @@ import pytest
 from pacer.costs import Costs
 from pacer.decoding.meter import TARGET, Call
 from pacer.drafters.lookup import KEY_CONFIDENCE
-from pacer.drafters.phrase import PhrasePool, learn_committed
+from pacer.drafters.pool import PhrasePool, learn_committed
 from pacer.errors import PacerError
 from pacer.integrations.vllm import (
     DEFAULT_COSTS,

@@ -15,6 +15,7 @@ import torch
 
 from ..errors import PacerError
 from ..policies.base import DRAFT_FEATURES, DraftPolicy, DraftState
+from ..pricing import UNPRICED, Pricer
 from ..sampling import SamplingConfig, argmax, softmax_stats, top_two
 from .backend import HIDDEN_SPLIT
 from .tree import Draft
@@ -32,9 +33,11 @@ class Drafter:
         """Called at the start of each generation."""
 
     def propose(self, tokens: list[int], policy: DraftPolicy, budget: int, sampling: SamplingConfig,
-                gen: torch.Generator, remaining: int = 0) -> Draft:
+                gen: torch.Generator, remaining: int = 0, pricer: Pricer = UNPRICED) -> Draft:
         """Draft at most ``budget`` tokens after the committed ``tokens``, asking ``policy`` after each;
-        ``remaining``: tokens the generation may still emit (``DraftState.remaining``)."""
+        ``remaining``: tokens the generation may still emit (``DraftState.remaining``); ``pricer``: what the
+        generation's rounds cost (:mod:`pacer.pricing`), for a drafter that adds work a round must pay for
+        (phrases, branches, a round without the draft model)."""
         raise NotImplementedError
 
     def rollback(self, keep: int) -> None:

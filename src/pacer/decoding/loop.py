@@ -94,6 +94,7 @@ def speculative_generate(
     target.reset()
     drafter.reset()
     policy.reset()
+    pricer = policy.pricer  # what a round costs: the length rule's and the drafter's one answer
     tokens = list(prompt)
     with recording(stats.calls):  # every forward below is in stats.calls (the breakdown, the profile clock)
         start = time.perf_counter()
@@ -106,7 +107,8 @@ def speculative_generate(
             #    the context allow
             budget = min(policy.max_draft, out.remaining - 1, target.context - len(tokens) - 1)
             t0 = time.perf_counter()
-            draft = drafter.propose(tokens, policy, max(budget, 0), sampling, gen, remaining=out.remaining)
+            draft = drafter.propose(tokens, policy, max(budget, 0), sampling, gen, remaining=out.remaining,
+                                    pricer=pricer)
             t1 = time.perf_counter()
             γ = len(draft.tokens)
             # 2. verify: one target forward over the unseen tokens and d_1..d_γ (greedy: plus candidate branches
@@ -116,7 +118,7 @@ def speculative_generate(
             room = min(out.remaining, target.context - len(tokens)) - 1 - γ \
                 if sampling.greedy and (γ or draft.branches) else 0
             total = draft.branch_total if draft.branch_total is not None else \
-                policy.branch_room(γ, draft.branch_yield) if room > 0 else 0
+                pricer.branch_room(γ, draft.branch_yield) if room > 0 else 0
             ids, tree = draft.tree_inputs(pending, room, total, siblings=target.sibling_branches)
             # forward_view: the scores are read within this round, before the target's next forward
             scores, t_hs = target.forward_view(ids, tree=tree, keep=len(ids) - len(pending) + 1,
@@ -154,9 +156,11 @@ def speculative_generate(
             t_hidden = t_hs[-1][len(pending) - 1 + (draft.bonus_row if draft.extension else n)].to(
                 "cpu", torch.float32, copy=True) if t_hs is not None else None
             branched = sum(len(b) for b in draft.branches)
-            policy.update(draft.state, RoundResult(γ, n, soft, t1 - t0 - draft.policy_time - draft.pool_time,
-                                                   t2 - t1, len(ids), draft.forwards, len(committed), branched,
-                                                   len(draft.extension), t_ent, t_margin, t_hidden))
+            policy.update(draft.state, RoundResult(
+                drafted=γ, accepted=n, soft=soft, draft_seconds=t1 - t0 - draft.policy_time - draft.pool_time,
+                verify_seconds=t2 - t1, scored=len(ids), draft_forwards=draft.forwards, committed=len(committed),
+                branched=branched, extended=len(draft.extension), target_entropy=t_ent, target_margin=t_margin,
+                target_hidden=t_hidden))
             t4 = time.perf_counter()
             stats.time_draft += t1 - t0 - draft.policy_time - draft.pool_time
             stats.time_pool += draft.pool_time + (t3 - t2)

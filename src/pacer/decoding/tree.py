@@ -44,7 +44,7 @@ class Draft:
     #: seconds of the drafter's own bookkeeping in this proposal (a phrase pool's lookups and learning)
     pool_time: float = 0.0
     #: the drafter's estimate of the accepted tokens per branch token, passed to the policy that prices the branches
-    #: (:meth:`pacer.policies.DraftPolicy.branch_room`; ``None``: the policy's own)
+    #: (:meth:`pacer.pricing.Pricer.branch_room`; ``None``: the pricer's own)
     branch_yield: float | None = None
     #: the branch tokens the drafter priced itself (a phrase verified alone, without the draft model): the loop
     #: scores them as they are (``None``: the policy prices the branches)

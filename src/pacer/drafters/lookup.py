@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 
 from ..decoding import Draft, Drafter, Proposal
-from .phrase import PhrasePool, learn_committed, rejection_phrase
+from ..pricing import UNPRICED
+from .pool import PhrasePool, learn_committed, rejection_phrase
 
 #: the lookup's confidence that a token of a continuation found with a key of this many tokens is right: a prior
 #: that the cost-aware rule's calibrator corrects from the verdicts it sees
@@ -38,7 +39,7 @@ class LookupDrafter(Drafter):
         self._seen = 0
         self._last: Draft | None = None
 
-    def propose(self, tokens, policy, budget, sampling, gen, remaining: int = 0) -> Draft:
+    def propose(self, tokens, policy, budget, sampling, gen, remaining: int = 0, pricer=UNPRICED) -> Draft:
         self._seen = learn_committed(self.pool, tokens, self._seen, self.pool.add_sequence)
         # no draft model: nothing to catch up
         p = Proposal(policy, budget, remaining=remaining, temperature=sampling.temperature)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..decoding import Draft, Drafter, ModelBackend, Proposal
+from ..pricing import UNPRICED
 from ..sampling import pick, warp
 
 
@@ -31,7 +32,7 @@ class TokenDrafter(Drafter):
             return torch.cat([logits, pad], -1)
         return logits
 
-    def propose(self, tokens, policy, budget, sampling, gen, remaining: int = 0) -> Draft:
+    def propose(self, tokens, policy, budget, sampling, gen, remaining: int = 0, pricer=UNPRICED) -> Draft:
         pending = tokens[self.backend.length :]
         p = Proposal(policy, budget, len(pending) - 1, remaining, sampling.temperature, self.needs)
         while p.ask():

@@ -66,7 +66,7 @@ import numpy as np
 from ..costs import BadField, Costs, show_value
 from ..decoding.meter import TARGET, Call
 from ..drafters.lookup import KEY_CONFIDENCE
-from ..drafters.phrase import PhrasePool
+from ..drafters.pool import PhrasePool
 from ..errors import PacerError
 from ..policies.cost_aware import CostMemory, gain_pays
 from ..profiles import FORMAT as PROFILE_FORMAT

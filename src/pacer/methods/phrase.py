@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from ..drafters.phrase import PhraseDrafter, check_pool_file
+from ..drafters.phrase import PhraseDrafter, PhraseOptions
+from ..drafters.pool import check_pool_file
 from .learned import BLOCK, PATH, learned
 from .registry import Build, Method, Option, register
 from .rules import THRESHOLD, fixed
@@ -50,7 +51,7 @@ def phrase_drafter(method: str, **defaults):
         # each method (with its options) keeps its own warm-start pool: one method never sees another's output
         tag = method + "".join(f"|{k}={v}" for k, v in sorted(options.items()))
         tag += f"|draft_vocab={len(b.rows)}" if b.rows is not None else ""
-        return PhraseDrafter(b.pair.draft_backend(b.rows), b.pair.vocab, pool_tag=tag, **options)
+        return PhraseDrafter(b.pair.draft_backend(b.rows), b.pair.vocab, PhraseOptions(pool_tag=tag, **options))
 
     return build
 

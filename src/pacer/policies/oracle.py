@@ -48,5 +48,7 @@ class OraclePolicy(DraftPolicy):
     def survival(self, state: DraftState) -> float:
         return 1.0  # it drafted only agreeing tokens
 
+    exact_survival = True  # survival_next is the verdict itself
+
     def survival_next(self, state: DraftState) -> float:
         return 1.0 if self.should_continue(state) else 0.0

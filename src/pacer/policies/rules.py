@@ -39,7 +39,7 @@ class LookupPolicy(FixedPolicy):
     def survival(self, state: DraftState) -> float | None:
         return math.prod(state.confidence) if state.confidence else None
 
-    def survival_ahead(self, state: DraftState) -> float | None:
+    def survival_next(self, state: DraftState) -> float | None:
         if state.next_confidence is None:
             return None
         return math.prod(state.confidence) * state.next_confidence

@@ -1,0 +1,440 @@
+"""What a round costs on this machine and what it is expected to yield: the one place that prices rounds.
+
+A :class:`Pricer` is built once per generation from the costs (:class:`pacer.costs.Costs`: a calibration of this
+machine or another machine's profile) and handed to the cost-aware length rule
+(:class:`pacer.policies.cost_aware.CostAwarePolicy`) and to every drafter. It answers:
+
+* **length** - does one more draft token raise the round's expected throughput (:meth:`Pricer.next_pays`), and does
+  the draft's catch-up pay (:meth:`Pricer.catch_up_pays`)? The cost rule asks it token by token;
+* **sources** - the expected committed tokens per second of a draft round (:meth:`Pricer.draft_rate`) and of a round
+  that verifies a phrase alone (:meth:`Pricer.phrase_rate`): a phrase drafter chooses between them;
+* **extras** - how many phrase tokens a draft forward may check (:meth:`Pricer.phrase_room`), candidate-branch
+  tokens the target may score (:meth:`Pricer.branch_room`) and which siblings (:meth:`Pricer.sibling_room`).
+
+What a round is expected to yield comes from what the verifier said: the acceptance the rule learns for a method on a
+pair (:class:`CostMemory`, kept across a decoder's generations; the survival calibrator, the per-position acceptance,
+what branches yielded), this generation's own acceptance (:meth:`Pricer.gen_alpha`) and, from a drafter, its own
+evidence of a source (:class:`pacer.drafters.sources.SourceEvidence`) passed as an argument.
+
+Without a cost model (a literal rule: fixed ``γ``, a threshold, with nothing to price) the drafters get
+:data:`UNPRICED`, which never runs a phrase round, puts no bound on a draft round's extras and scores no branch in
+a round that drafts nothing.
+
+Terms: ``S_i`` is the probability that ``d_1..d_i`` are all accepted (``S_0 = 1``); a round that drafted ``n``
+tokens is expected to yield ``E_n = 1 + Σ_{i<=n} S_i`` tokens in ``T_n = n (c_d + c_p) + c_t(n + 1)`` seconds
+(:mod:`pacer.costs` for ``c_d``, ``c_t``, ``c_p``, ``c_tree``, ``c_pre``).
+"""
+
+from __future__ import annotations
+
+from .costs import Costs
+from .rounds import DraftState, RoundResult
+
+
+def gain_pays(S: list[float], S_next: float, costs: Costs, spent: float | None = None, free: bool = False) -> bool:
+    """Does drafting ``d_{n+1}`` raise the round's expected throughput? ``S`` = ``[S_1..S_n]``, ``S_next`` =
+    ``S_{n+1}`` (see the module docstring for the terms). ``spent``: the round's drafting seconds so far (default
+    ``n (c_d + c_p)``); ``free``: ``d_{n+1}`` needs no draft forward (it came with a phrase), only ``c_p``."""
+    n = len(S)
+    E = 1.0 + sum(S)
+    T = (n * (costs.draft + costs.policy_per_check) if spent is None else spent) + costs.target_cost(n + 1)
+    dT = (0.0 if free else costs.draft) + costs.policy_per_check + costs.target_cost(n + 2) - costs.target_cost(n + 1)
+    return S_next * T >= E * dT
+
+
+def catch_up_pays(S_1: float, costs: Costs, catch_up: int, remaining: int) -> bool:
+    """Before the first draft token of a round the draft must read ``catch_up`` committed tokens it has not seen
+    (the prompt, the first time; the tokens of plain rounds since): a one-time ``C = catch_up · c_pre``. Drafting
+    from now on saves per emitted token ``s = c_t(1) - T_1 / E_1`` (one-token rounds: ``E_1 = 1 + S_1``,
+    ``T_1 = c_d + c_p + c_t(2)``; longer drafts save more, so this is conservative), over the ``remaining`` tokens
+    the generation may still emit. It pays when ``remaining · s > C``; with ``remaining`` unknown (0) the catch-up
+    is not counted."""
+    if remaining <= 0 or costs.draft_prefill <= 0:
+        return True
+    T1 = costs.draft + costs.policy_per_check + costs.target_cost(2)
+    saving = costs.target_cost(1) - T1 / (1.0 + S_1)
+    return remaining * saving > catch_up * costs.draft_prefill
+
+
+#: a typical per-token acceptance of the default pair: on the shipped layer's 1,987 held-out validation rounds,
+#: the best fixed draft length (3 tokens) yields 2.75 tokens a round (the checkpoint's ``best_fixed_predicted_speedup``
+#: 1.985x on its costs), which a constant acceptance of 0.75 gives (``tests/test_costs.py`` derives it again)
+TYPICAL_ACCEPTANCE = 0.75
+
+
+def predicted_round(costs: Costs, alpha: float = TYPICAL_ACCEPTANCE, max_draft: int = 16) -> tuple[int, float]:
+    """What the rule expects of a round where every draft token is accepted with probability ``alpha``
+    (``S_i = alpha^i``): the draft length it chooses (:func:`gain_pays`, token by token, at most ``max_draft``) and
+    the predicted speedup of such rounds over plain decoding, ``E_n / T_n · c_t(1)`` (1.0 where it drafts
+    nothing: every round a plain decoding step). Prefills and catch-ups are left out."""
+    S: list[float] = []
+    while len(S) < max_draft and gain_pays(S, alpha ** (len(S) + 1), costs):
+        S.append(alpha ** (len(S) + 1))
+    n = len(S)
+    if not n:
+        return 0, 1.0
+    T = n * (costs.draft + costs.policy_per_check) + costs.target_cost(n + 1)
+    return n, (1.0 + sum(S)) / T * costs.target_cost(1)
+
+
+
+class SurvivalCalibrator:
+    """Maps a policy's raw survival score in [0, 1] to a probability, from the verifier's verdicts.
+
+    ``bins`` equal-width bins over the raw score; a bin's estimate is ``(a + w · s) / (m + w)`` for a raw score
+    ``s`` with ``a`` of the bin's ``m`` observations survived and a prior of weight ``w`` on the raw score itself
+    (so an unseen bin trusts the score). Each round adds one observation per drafted position ``i``: survived iff
+    ``i <= n``. :attr:`error` is the expected calibration error of the raw scores seen so far (the mean absolute
+    gap between a bin's mean raw score and its survival rate, weighted by the bin's observations)."""
+
+    def __init__(self, bins: int = 10, prior: float = 4.0) -> None:
+        self.bins, self.prior = bins, prior
+        self.hits = [0.0] * bins
+        self.seen = [0.0] * bins
+        self.raw_sum = [0.0] * bins
+
+    def _bin(self, s: float) -> int:
+        return min(self.bins - 1, max(0, int(s * self.bins)))
+
+    def __call__(self, s: float) -> float:
+        b = self._bin(s)
+        return (self.hits[b] + self.prior * s) / (self.seen[b] + self.prior)
+
+    def update(self, raw: list[float | None], accepted: int) -> None:
+        """``raw[i - 1]``: the score at draft position ``i`` (``None``: none there); ``accepted``: ``n``."""
+        for i, s in enumerate(raw, 1):
+            if s is None:
+                continue
+            b = self._bin(s)
+            self.seen[b] += 1
+            self.hits[b] += i <= accepted
+            self.raw_sum[b] += s
+
+    @property
+    def observations(self) -> int:
+        return int(sum(self.seen))
+
+    @property
+    def error(self) -> float:
+        total = sum(self.seen)
+        if not total:
+            return float("nan")
+        return sum(abs(self.raw_sum[b] - self.hits[b]) for b in range(self.bins) if self.seen[b]) / total
+
+
+class CostMemory:
+    """What the cost-aware rule learns about a pair from the verifier, kept across the generations of one method
+    on one :class:`pacer.api.Decoder` (a fresh rule would relearn it every prompt): the score calibrator and the
+    per-position conditional acceptance ``α_i = P(d_i accepted | d_1..d_{i-1} accepted)`` (Beta prior of weight
+    ``prior`` at ``alpha``; position ``i`` counts the rounds that drafted ``i`` tokens or more and accepted at
+    least ``i - 1``)."""
+
+    def __init__(self, alpha: float = 0.6, prior: float = 4.0, positions: int = 64) -> None:
+        self.alpha0, self.prior = alpha, prior
+        self.calibrator = SurvivalCalibrator()
+        self.hits = [prior * alpha] * (positions + 1)
+        self.trials = [prior] * (positions + 1)
+        self.branch_offered = self.branch_gained = 0.0  # candidate-branch tokens scored / accepted
+        self.pool_offered = self.pool_gained = 0.0  # the same for branches in rounds that drafted nothing
+
+    def alpha(self, i: int = 1) -> float:
+        """``α_i``; a position seen rarely leans on the one before it (its prior is ``α_{i-1}``, weight
+        ``prior``), so a position a short-drafting rule never reaches is not stuck at the initial prior."""
+        i = min(max(i, 1), len(self.hits) - 1)
+        a = self.hits[1] / self.trials[1]
+        for j in range(2, i + 1):
+            a = (self.hits[j] - self.prior * self.alpha0 + self.prior * a) / self.trials[j]
+        return a
+
+    #: prior of :meth:`branch_yield`: accepted tokens per branch token offered, weight in tokens
+    BRANCH_PRIOR, BRANCH_WEIGHT = 0.25, 8.0
+
+    def branch_yield(self) -> float:
+        """Accepted tokens per candidate-branch token the target scored in rounds whose whole draft survived
+        (shrunk towards :attr:`BRANCH_PRIOR`)."""
+        return self._shrunk(self.branch_gained, self.branch_offered)
+
+    @classmethod
+    def _shrunk(cls, gained: float, offered: float) -> float:
+        return (gained + cls.BRANCH_PRIOR * cls.BRANCH_WEIGHT) / (offered + cls.BRANCH_WEIGHT)
+
+    def branch_update(self, offered: int, gained: int) -> None:
+        self.branch_offered += offered
+        self.branch_gained += gained
+
+    def pool_yield(self) -> float:
+        """:meth:`branch_yield` of the branches scored in rounds where the draft model drafted nothing (a phrase
+        pool's continuations of the committed text): learnt apart, as they are read in other rounds."""
+        return self._shrunk(self.pool_gained, self.pool_offered)
+
+    def pool_update(self, offered: int, gained: int) -> None:
+        self.pool_offered += offered
+        self.pool_gained += gained
+
+    #: how much of the acceptance evidence a round the rule declined to draft keeps (see :meth:`fade`)
+    IDLE_FADE = 0.98
+
+    def fade(self, keep: float = IDLE_FADE) -> None:
+        """A round that drafted nothing because the rule declined observes nothing: without this, an acceptance
+        learnt low (a warm-up on an odd prompt, a stretch of hard requests) would stop drafting on the decoder for
+        good, since only drafting rounds teach. Each such round moves ``α_i``'s evidence towards the prior (keeping
+        ``keep`` of it), so that the rule tries a draft again once the prior's hope outweighs what is left; a
+        draft that fails there teaches it to wait again (on a curve where even the prior does not pay, nothing
+        changes)."""
+        for i in range(len(self.hits)):
+            self.hits[i] = self.prior * self.alpha0 + keep * (self.hits[i] - self.prior * self.alpha0)
+            self.trials[i] = self.prior + keep * (self.trials[i] - self.prior)
+
+    def update(self, raw: list[float | None], drafted: int, accepted: int) -> None:
+        self.calibrator.update(raw[:drafted], accepted)
+        for i in range(1, min(accepted + 1, drafted, len(self.hits) - 1) + 1):
+            self.trials[i] += 1
+            self.hits[i] += i <= accepted
+
+
+
+
+class Pricer:
+    """No cost model: what a drafter gets where no rule prices rounds. A draft round's extras are unbounded, a
+    round that drafts nothing scores no branch, no phrase round runs, and siblings go likeliest first by the
+    draft's own survival. :class:`CostPricer` prices all of them on measured costs."""
+
+    #: rounds are priced (``False``: this unpriced base)
+    priced = False
+
+    def draft_rate(self, catch_up: int = 0, remaining: int = 0) -> float | None:
+        """Expected committed tokens per second of a round that runs the draft model, its reading of ``catch_up``
+        committed tokens it has not seen included (``None``: no cost model, no such estimate)."""
+        return None
+
+    def phrase_rate(self, accept: list[float]) -> tuple[int, float]:
+        """How many tokens of a phrase to verify alone in a round without the draft model, and that round's
+        expected committed tokens per second, from ``accept[j - 1]``, the chance that its first ``j`` tokens are
+        all accepted (``(0, 0.0)``: never without a cost model)."""
+        return 0, 0.0
+
+    def branch_room(self, drafted: int, yield_: float | None = None) -> int:
+        """How many candidate-branch tokens (Ouroboros) the target may score after a draft of ``drafted`` tokens;
+        ``yield_``: the drafter's estimate of the accepted tokens per branch token (``None``: the learnt one).
+        Unbounded after a draft; none after a draft of nothing."""
+        return 1 << 30 if drafted > 0 else 0
+
+    def sibling_room(self, state: DraftState, hits: list[float]) -> list[int]:
+        """Which draft positions get a sibling branch (greedy): ``i`` - the draft's second choice for ``d_{i+1}``,
+        scored beside it; ``hits[i]``: the drafter's estimate that the target picks that token once ``d_{i+1}`` is
+        rejected. Every position, likeliest first by the draft's own survival."""
+        surv, gains = 1.0, []
+        for i, h in enumerate(hits):
+            gains.append((surv * (1.0 - state.prob[i]) * h, i))
+            surv *= state.prob[i]
+        return [i for g, i in sorted(gains, reverse=True) if g > 0]
+
+    def phrase_room(self, fed: int, accept: list[float]) -> int:
+        """How many phrase tokens (Ouroboros) the draft may check in a forward that reads ``fed`` unread tokens,
+        given ``accept[j]``, the chance it agrees with phrase token ``j + 1`` after the ones before: all of them."""
+        return len(accept)
+
+
+#: the pricer of a generation without a cost model (stateless: shared)
+UNPRICED = Pricer()
+
+
+class CostPricer(Pricer):
+    """Prices rounds on ``costs`` (made non-decreasing in ``k``: :meth:`pacer.costs.Costs.monotone`) with what the
+    verifier taught ``memory`` and this generation's own acceptance. One per generation (:meth:`reset` at its
+    start); the cost rule keeps the round in progress here (:attr:`S`, :attr:`spent`: :meth:`start_round`,
+    :meth:`extend`) so that every question about the round is answered on the same numbers.
+
+    ``refine``: after every round (the first of a generation, which holds the draft's prefill, excepted) the measured
+    draft time per token and target time of the round update running averages (weight ``refine``, each clipped to
+    [1/4, 4]), as multipliers of ``c_d`` and the ``c_t`` curve: load on the machine shifts the decisions. 0 keeps
+    the given costs as they are. ``max_draft``: the longest draft the length rule allows (a draft round's bound in
+    :meth:`draft_rate`)."""
+
+    priced = True
+    #: the most candidate-branch tokens one verification may score
+    MAX_BRANCH = 16
+    #: weight (in rounds) of the decoder's acceptance against this generation's own in :meth:`gen_alpha`
+    GEN_WEIGHT = 4.0
+
+    def __init__(self, costs: Costs, memory: CostMemory | None = None, refine: float = 0.0, max_draft: int = 16,
+                 source: str = "") -> None:
+        self.base, self.memory, self.refine, self.max_draft = costs.monotone(), memory or CostMemory(), refine, \
+            max_draft
+        self.source = source
+        self.reset()
+
+    # --------------------------------------------------------------------------------------- a generation
+    def reset(self) -> None:
+        """A new generation: the given costs again, no acceptance of its own yet."""
+        self.scale_d = self.scale_t = 1.0
+        self.costs = self.base
+        self.rounds = 0
+        #: this generation's own verdicts per draft position (:meth:`gen_alpha`): ``[accepted, trials]``
+        self.gen_counts = [[0, 0] for _ in range(len(self.memory.hits))]
+        self.start_round()
+
+    def start_round(self) -> None:
+        """A new round: nothing drafted, nothing spent."""
+        #: ``S_1..S_n`` of the round so far (the cost rule extends it as tokens are drafted)
+        self.S: list[float] = []
+        #: the round's drafting seconds so far, as the cost model counts them
+        self.spent = 0.0
+
+    def spend(self, tokens: int, free: bool = False) -> None:
+        """Count ``tokens`` drafted tokens into :attr:`spent`, each ``c_d + c_p`` (``free``: tokens that came with
+        a phrase, no draft forward of their own: ``c_p`` each)."""
+        c = self.costs
+        self.spent += tokens * ((0.0 if free else c.draft) + c.policy_per_check)
+
+    def learn(self, raw: list[float | None], result: RoundResult, declined: bool) -> None:
+        """What a verified round teaches: the verdicts per draft position (``raw``: the wrapped policy's survival
+        scores at them, for the calibrator), what its branches yielded, and - unless ``refine`` is 0 - how long
+        its forwards took. ``declined``: the cost rule itself declined the round's first token (the memory fades
+        towards its prior: :meth:`CostMemory.fade`)."""
+        γ, n = result.drafted, result.accepted
+        if γ:
+            self.memory.update(raw, γ, n)
+            for i in range(1, min(n + 1, γ, len(self.gen_counts) - 1) + 1):  # as CostMemory.update counts
+                self.gen_counts[i][1] += 1
+                self.gen_counts[i][0] += i <= n
+        elif declined:
+            self.memory.fade()
+        if result.branched and n == γ:  # the branches were read: what they yielded
+            (self.memory.branch_update if γ else self.memory.pool_update)(result.branched, result.extended)
+        self.rounds += 1
+        if self.rounds > 1 and self.refine:
+            r = self.refine
+            if result.draft_forwards and result.draft_seconds > 0 and self.base.draft > 0:
+                obs = result.draft_seconds / result.draft_forwards / self.base.draft
+                self.scale_d += r * (min(4.0, max(0.25, obs)) - self.scale_d)
+            if result.verify_seconds > 0 and result.scored:
+                obs = result.verify_seconds / self.base.target_cost(result.scored)
+                self.scale_t += r * (min(4.0, max(0.25, obs)) - self.scale_t)
+            self.costs = self.base.scaled(self.scale_d, self.scale_t)
+        self.start_round()
+
+    # ------------------------------------------------------------------------------------------- length
+    def next_pays(self, S_next: float, free: bool = False) -> bool:
+        """Does drafting ``d_{n+1}`` (survival ``S_next``) raise the round's expected throughput
+        (:func:`gain_pays` on the round so far)?"""
+        return gain_pays(self.S, S_next, self.costs, self.spent, free)
+
+    def catch_up_pays(self, S_1: float, catch_up: int, remaining: int) -> bool:
+        """Does the draft's reading of ``catch_up`` committed tokens pay before the round's first draft token
+        (:func:`catch_up_pays`)?"""
+        return catch_up_pays(S_1, self.costs, catch_up, remaining)
+
+    def alpha(self, i: int = 1) -> float:
+        """``α_i`` the decoder learnt for this method (:meth:`CostMemory.alpha`)."""
+        return self.memory.alpha(i)
+
+    def gen_alpha(self, i: int) -> float:
+        """``α_i`` of this generation: its own verdicts at draft position ``i``, shrunk towards the decoder's
+        (:meth:`CostMemory.alpha`) with weight :attr:`GEN_WEIGHT` rounds."""
+        a, c = self.gen_counts[min(max(i, 1), len(self.gen_counts) - 1)]
+        return (a + self.GEN_WEIGHT * self.memory.alpha(i)) / (c + self.GEN_WEIGHT)
+
+    # ---------------------------------------------------------------------------------- sources and extras
+    def draft_rate(self, catch_up: int = 0, remaining: int = 0) -> float:
+        """Expected committed tokens per second of a round that runs the draft model: the best over ``γ`` (within
+        the length rule's bound and the ``remaining`` tokens; 0 is plain decoding) of ``E_γ / T_γ`` with
+        ``S_i = Π_{j<=i} α_j`` from this generation's acceptance (:meth:`gen_alpha`) and ``T_γ`` the round's priced
+        seconds. The draft's reading of
+        ``catch_up`` committed tokens it has not seen (``catch_up · c_pre``, as :func:`catch_up_pays` prices it) is
+        a one-time cost: the round carries its share over the ``remaining`` tokens the generation may emit
+        (``E_γ / remaining`` of it; all of it where ``remaining`` is unknown)."""
+        c = self.costs
+        once = catch_up * c.draft_prefill if catch_up > 0 else 0.0
+        best = 1.0 / c.target_cost(1)
+        S = E = 1.0
+        most = min(self.max_draft, self.MAX_BRANCH, remaining - 1 if remaining > 0 else self.MAX_BRANCH)
+        for g in range(1, most + 1):
+            S *= self.gen_alpha(g)
+            E += S
+            share = once * min(1.0, E / remaining) if remaining > 0 else once
+            best = max(best, E / (share + g * (c.draft + c.policy_per_check) + c.target_cost(g + 1)))
+        return best
+
+    def phrase_rate(self, accept: list[float]) -> tuple[int, float]:
+        """A round that verifies a phrase alone, without the draft model: ``accept[j - 1]`` the chance that its
+        first ``j`` tokens are all accepted. Returns the ``L`` (>= 1) of its tokens to score with the best expected
+        committed tokens per second, ``(1 + Σ_{j<=L} accept) / c_t(1 + L)``, and that rate (``(0, 0.0)``: no
+        phrase)."""
+        best, best_rate, E = 0, 0.0, 1.0
+        for L, a in enumerate(accept[: self.MAX_BRANCH], 1):
+            E += a
+            rate = E / self.costs.target_cost(1 + L)
+            if rate > best_rate:
+                best, best_rate = L, rate
+        return best, best_rate
+
+    def branch_room(self, drafted: int, yield_: float | None = None) -> int:
+        """Candidate-branch tokens (Ouroboros) pay like draft tokens: the ``b`` that maximises the round's expected
+        throughput ``(E_γ + S_γ · y · b) / (T_γ + c_tree(γ + 1 + b) - c_t(γ + 1))``, where a branch token is
+        only read when all ``γ`` draft tokens survive (``S_γ``) and then yields ``y`` accepted tokens (learned
+        from the verdicts, :meth:`CostMemory.branch_yield`); 0 when no ``b`` beats none (where verification costs
+        ``∝ k``, or a tree forward takes a dearer kernel). Nothing drafted (``γ = 0``, a phrase pool's
+        continuation of the committed text): ``E = 1``, ``T = c_t(1)``, every branch read, its yield learnt apart
+        (:meth:`CostMemory.pool_yield`).
+        ``yield_``: the drafter's own estimate of ``y`` for these branches (this generation's evidence,
+        :class:`pacer.drafters.sources.SourceEvidence`), in place of the learnt one."""
+        if drafted <= 0:
+            E, base = 1.0, self.costs.target_cost(1)
+            y = self.memory.pool_yield() if yield_ is None else yield_
+            return self._best_branch(E, base, base, y, 1, self.MAX_BRANCH)
+        S = self.S[:drafted] + [self.S[-1] if self.S else 1.0] * (drafted - len(self.S))
+        E = 1.0 + sum(S)
+        k = drafted + 1
+        base = self.costs.target_cost(k)
+        T = max(self.spent, drafted * (self.costs.draft + self.costs.policy_per_check)) + base
+        y = self.memory.branch_yield() if yield_ is None else yield_
+        return self._best_branch(E, T, base, S[-1] * y, k, self.MAX_BRANCH)
+
+    def _best_branch(self, E: float, T: float, base: float, gain: float, k: int, cap: int) -> int:
+        """The ``b <= cap`` maximising ``(E + gain · b) / (T + c_tree(k + b) - base)`` (0: none beats the round)."""
+        best, best_rate = 0, E / T
+        for b in range(1, cap + 1):
+            rate = (E + gain * b) / (T + self.costs.tree_cost(k + b) - base)
+            if rate > best_rate:
+                best, best_rate = b, rate
+        return best
+
+    def sibling_room(self, state: DraftState, hits: list[float]) -> list[int]:
+        """Sibling branches pay like draft tokens: the sibling of ``d_{i+1}`` yields a token with probability
+        ``(S_i - S_{i+1}) · hits[i]`` (the round's first rejection is at ``d_{i+1}``, calibrated survival ``S``,
+        and the target's token is the sibling); the ``b`` likeliest are scored when
+        ``(E_γ + Σ gains) / (T_γ + c_tree(γ + 1 + b) - c_t(γ + 1))`` beats the round without them (nothing where
+        verification costs ``∝ k``)."""
+        drafted = state.n
+        if drafted <= 0:
+            return []
+        S = [1.0] + self.S[:drafted] + [self.S[-1] if self.S else 1.0] * (drafted - len(self.S))
+        E = sum(S)
+        k = drafted + 1
+        base = self.costs.target_cost(k)
+        T = max(self.spent, drafted * (self.costs.draft + self.costs.policy_per_check)) + base
+        gains = sorted((((S[i] - S[i + 1]) * h, i) for i, h in enumerate(hits[:drafted])), reverse=True)
+        best, best_rate, total = 0, E / T, 0.0
+        for b, (g, _) in enumerate(gains[: self.MAX_BRANCH], start=1):
+            total += g
+            rate = (E + total) / (T + self.costs.tree_cost(k + b) - base)
+            if rate > best_rate:
+                best, best_rate = b, rate
+        return [i for g, i in gains[:best] if g > 0]
+
+    def phrase_room(self, fed: int, accept: list[float]) -> int:
+        """A phrase (Ouroboros) pays like a draft token: the draft checks ``L`` phrase tokens in the forward that
+        reads its ``fed`` unread tokens, for ``c_d(fed + L) - c_d(fed)`` more, and each phrase token it agrees with
+        saves a draft forward of its own (``c_d(1)``). ``accept[j]``: the chance that the draft agrees with phrase
+        token ``j + 1`` given the ones before (learned by the drafter). Returns the ``L`` with the largest expected
+        saving, 0 when none saves (a dear draft curve, or phrases the draft rarely agrees with)."""
+        c1, base = self.costs.draft_cost(1), self.costs.draft_cost(max(fed, 1))
+        best, best_gain, expect, survive = 0, 0.0, 0.0, 1.0
+        for L, a in enumerate(accept, 1):
+            survive *= a
+            expect += survive
+            gain = expect * c1 - (self.costs.draft_cost(max(fed, 1) + L) - base)
+            if gain > best_gain:
+                best, best_gain = L, gain
+        return best
