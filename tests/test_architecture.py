@@ -247,6 +247,69 @@ def test_methods_hold_records_only():
     assert not found, f"classes outside the registry's records in pacer/methods: {found}"
 
 
+# ------------------------------------------------------------------------------------------- private names
+SCRIPTS = SRC.parent / "scripts"
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_imports(src: Path = SRC, scripts: Path = SCRIPTS) -> list[str]:
+    """``module:line name`` of every private name (one leading underscore) that a module of the package or a script
+    takes from another module of the package: ``from m import _x``, or ``m._x`` on a module ``m`` it imported."""
+    mods = modules(src)
+    files = {**mods, **{f"scripts.{p.stem}": p for p in sorted(scripts.glob("*.py"))}}
+    found = []
+    for mod, path in files.items():
+        tree = ast.parse(path.read_text(), str(path))
+        is_package = path.name == "__init__.py"
+        bound: dict[str, str] = {}  # a local name -> the package module it names
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = _resolve(mod, is_package, node)
+                if base != ROOT and not base.startswith(ROOT + "."):
+                    continue
+                for a in node.names:
+                    if _private(a.name):
+                        found.append(f"{mod}:{node.lineno} {base}.{a.name}")
+                    elif f"{base}.{a.name}" in mods:
+                        bound[a.asname or a.name] = f"{base}.{a.name}"
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name in mods:  # ``import pacer.x as y`` binds y; ``import pacer.x`` binds pacer
+                        bound[a.asname or ROOT] = a.name if a.asname else ROOT
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and _private(node.attr) and isinstance(node.value, ast.Name)
+                    and bound.get(node.value.id, mod) != mod):
+                found.append(f"{mod}:{node.lineno} {bound[node.value.id]}.{node.attr}")
+    return found
+
+
+def test_private_imports_on_a_planted_package(tmp_path):
+    pkg = tmp_path / ROOT
+    (pkg / "sub").mkdir(parents=True)
+    (tmp_path / "scripts").mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def _key():\n    return 1\n")
+    (pkg / "sub" / "__init__.py").write_text("from .. import a\nx = a._key()\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from ..a import _key, __doc__\n    return _key\n"
+                                      "def _own():\n    return _own\n")
+    (pkg / "fine.py").write_text("from .a import _key as key  # noqa\nfrom .sub import b as _b\n"
+                                 "import os\nos._exit\nclass C:\n    _x = 1\n    def g(self):\n"
+                                 "        return self._x\n")
+    (tmp_path / "scripts" / "tool.py").write_text("import pacer.sub.b as b\nb._own()\n")
+    assert private_imports(tmp_path, tmp_path / "scripts") == [
+        f"{ROOT}.fine:1 {ROOT}.a._key", f"{ROOT}.sub:2 {ROOT}.a._key", f"{ROOT}.sub.b:2 {ROOT}.a._key",
+        f"scripts.tool:2 {ROOT}.sub.b._own"]
+
+
+def test_no_module_imports_a_private_name_of_another():
+    """What one module needs of another is public in it (``pacer.machine.machine_key``, ``pacer.timing.timed``),
+    never ``from m import _x``: a private name may change without a look at its users."""
+    assert private_imports() == [], "make the name public where it belongs, or move the code that needs it"
+
+
 # ----------------------------------------------------------------------------------- backends and the Decoder
 #: the layers above the API: they load a :class:`pacer.Decoder` and drive it (the command line, the server, the
 #: benchmark, the collection and training jobs, the vLLM integration); every other module works on

@@ -137,9 +137,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     anchor = None
     if record.anchor:  # the user's real anchor: llama.cpp's plain decoding of the same GGUF
-        from .bench.cli import _anchor_decoder
+        from .bench.cli import anchor_decoder
 
-        anchor = _anchor_decoder(args, dec)
+        anchor = anchor_decoder(args, dec)
         if anchor is not None:
             anchor.generate("Hello", "ar", max_new_tokens=2)
     print()

@@ -521,7 +521,7 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
         print(f"pacer bench: note: {note}", file=sys.stderr)
     decoders = {}
     if args.anchor and not args.quick and dec.pair.record.anchor:
-        anchor = _anchor_decoder(args, dec)
+        anchor = anchor_decoder(args, dec)
         if anchor is not None:
             from .methods import ANCHOR, anchor_spec
 
@@ -647,7 +647,7 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
     return 0
 
 
-def _anchor_decoder(args: argparse.Namespace, dec):
+def anchor_decoder(args: argparse.Namespace, dec):
     """The plain decoding of the same target on the backend the run's backend names as its anchor (llama.cpp's of
     a GGUF target beside a transformers run: the user's real anchor), or ``None`` where the target is no GGUF
     file or llama-cpp-python is not installed."""
