@@ -315,9 +315,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         if hasattr(args, "draft_vocab"):
-            from .draftvocab import parse
+            from .pair import parse_draft_vocab
 
-            args.draft_vocab = parse(args.draft_vocab, "--draft-vocab")
+            args.draft_vocab = parse_draft_vocab(args.draft_vocab, "--draft-vocab")
             if isinstance(args.draft_vocab, int) and args.draft_vocab > 0 and getattr(args, "draft", None):
                 from .draftvocab import check_size
                 from .models import configured_vocab

@@ -18,14 +18,15 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
 from . import backends, devices, models
 from .decoding import ModelBackend
 from .decoding.meter import DRAFT, TARGET, metered
-from .errors import ContextError, InvalidType, PacerError
-from .request import check_history, check_prompt_ids, check_stop
+from .errors import ContextError, InvalidType, InvalidValue, PacerError
+from .prompt import check_history, check_prompt_ids, check_stop
 
 END_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>")
 
@@ -121,6 +122,38 @@ class Pair:
         return text
 
 
+# ------------------------------------------------------------------------------------- the draft vocabulary
+def parse_draft_vocab(text: str, name: str = "draft_vocab") -> int | str:
+    """``auto`` or a number of tokens (0: the full vocabulary) from text; ``name``: what the messages call the
+    setting."""
+    if text == "auto":
+        return text
+    try:
+        size = int(text)
+    except ValueError:
+        size = -1
+    if size < 0:
+        raise InvalidValue(f"{name} must be auto or a number of tokens (0: the full vocabulary), got "
+                           f"{text!r}")
+    return size
+
+
+def check_draft_vocab(value: Any) -> Any:
+    """A draft vocabulary (:mod:`pacer.draftvocab`): ``auto``, a number of tokens >= 0 or token ids (a sequence of
+    ints), the load setting's and every drafting method's ``draft_vocab`` option's."""
+    if isinstance(value, str):
+        return parse_draft_vocab(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    try:
+        if not isinstance(value, (bool, int, float)) and all(int(i) == i for i in value):
+            return value
+    except (TypeError, ValueError):
+        pass
+    raise InvalidValue(f"draft_vocab must be auto, a number of tokens (0: the full vocabulary) or token ids, got "
+                       f"{value!r}")
+
+
 @dataclass(frozen=True)
 class LoadSpec:
     """What to load and how (see the module docstring). ``target`` / ``draft``: ``default-target`` /
@@ -165,9 +198,7 @@ class LoadSpec:
             if isinstance(self.draft_vocab, Mapping):
                 raise InvalidType(f"draft_vocab must be auto, a number of tokens or token ids, got "
                                   f"{self.draft_vocab!r}")
-            from .methods import DRAFT_VOCAB
-
-            DRAFT_VOCAB.check(self.draft_vocab, "")
+            check_draft_vocab(self.draft_vocab)
         if not isinstance(self.progress, bool):
             raise InvalidType(f"progress must be true or false, got {self.progress!r}")
 
@@ -229,7 +260,7 @@ class LoadSpec:
         record = spec.record
         if dtype == "auto":  # the weights' dtype, measured on this machine where the backend has a choice
             dtype = record.auto_dtype(spec.device, spec.progress)[0] if record.auto_dtype else "bfloat16"
-        t = models.load_model(spec.target, dtype, progress=spec.progress, backend=spec.backend, checked=True)
-        d = (models.load_model(spec.draft, dtype, progress=spec.progress, backend=spec.backend, checked=True)
+        t = backends.load_model(spec.target, dtype, progress=spec.progress, backend=spec.backend, checked=True)
+        d = (backends.load_model(spec.draft, dtype, progress=spec.progress, backend=spec.backend, checked=True)
              if spec.draft else None)
         return Pair(t, d, spec=spec)

@@ -462,10 +462,10 @@ def recheck_lossless(out: Path) -> int:
     if not meta.get("command") or not (out / "answers.jsonl").exists():
         raise PacerError(f"--recheck-lossless: {out} holds no finished benchmark run (run.json with its command "
                          f"and answers.jsonl)")
-    from ..draftvocab import parse
+    from ..pair import parse_draft_vocab
 
     run_args = parser().parse_args(shlex.split(meta["command"])[2:])
-    run_args.draft_vocab = parse(run_args.draft_vocab)
+    run_args.draft_vocab = parse_draft_vocab(run_args.draft_vocab)
     _validate(run_args)
     questions = {q.key: q for q in load_questions(run_args)}
     records = rec_io.repair(out / "answers.jsonl", _greedy(meta), bool(meta.get("answers_signed")))
