@@ -137,7 +137,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     anchor = None
     if record.anchor:  # the user's real anchor: llama.cpp's plain decoding of the same GGUF
-        from .bench.cli import anchor_decoder
+        from .bench.run import anchor_decoder
 
         anchor = anchor_decoder(args, dec)
         if anchor is not None:
