@@ -31,10 +31,9 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch
 
 
 def set_threads(threads: int | None) -> int:
-    """Use ``threads`` intra-op threads (all cores by default); returns the number set."""
+    """Use ``threads`` intra-op threads (``None``: all cores; a resolved :class:`pacer.pair.LoadSpec`'s, checked
+    there); returns the number set."""
     n = threads or os.cpu_count() or 1
-    if n <= 0:
-        raise PacerError(f"threads must be positive, got {threads}")
     torch.set_num_threads(n)
     return n
 

@@ -3,13 +3,14 @@ model settings, made once by :meth:`LoadSpec.resolve`; :class:`Pair` trusts a re
 below the API get (calibration, the draft vocabulary, the learned policies, the method factories), never the
 :class:`pacer.Decoder`.
 
-``LoadSpec(...).resolve()`` checks, before anything loads: the quantization kinds, the backend (``auto``: the
-first registered backend that runs the models, the device and the settings, :func:`pacer.backends.resolve`), that
-the backend runs every model spec and is installed, that it takes the settings (int8, a reduced draft vocabulary),
-the device (:func:`pacer.devices.check_device`) and the threads. ``load()`` then measures what ``auto`` leaves to
-this machine (the weights' dtype: the record's ``auto_dtype``), loads the models with the backend's loader and
-returns the :class:`Pair`. Models loaded already get their settings checked the same way, once
-(:meth:`LoadSpec.loaded`).
+``LoadSpec(...)`` checks each setting's type and what a value alone can say (the threads, :func:`check_threads`;
+the draft vocabulary, :func:`check_draft_vocab`); ``resolve()`` checks, before anything loads: the quantization
+kinds, the backend (``auto``: the first registered backend that runs the models, the device and the settings,
+:func:`pacer.backends.resolve`), that the backend runs every model spec and is installed, that it takes the settings
+(int8, a reduced draft vocabulary) and the device (:func:`pacer.devices.check_device`), and caps the threads at the
+cores. ``load()`` then measures what ``auto`` leaves to this machine (the weights' dtype: the record's
+``auto_dtype``), loads the models with the backend's loader and returns the :class:`Pair`. Models loaded already
+get their settings checked the same way, once (:meth:`LoadSpec.loaded`).
 """
 
 from __future__ import annotations
@@ -122,7 +123,21 @@ class Pair:
         return text
 
 
-# ------------------------------------------------------------------------------------- the draft vocabulary
+# ------------------------------------------------------------------------------------------ a load's settings
+def check_threads(threads: object) -> int | None:
+    """``threads``, the intra-op threads of a load: ``None`` (all cores) or an integer >= 1
+    (:class:`~pacer.errors.InvalidType` / :class:`~pacer.errors.InvalidValue` otherwise). The one check of the
+    setting: a :class:`LoadSpec` makes it when built (:meth:`LoadSpec.resolve` caps it at the cores), the command
+    line before anything loads."""
+    if threads is None:
+        return None
+    if isinstance(threads, bool) or not isinstance(threads, int):
+        raise InvalidType(f"threads must be an integer >= 1 or None (all cores), got {threads!r}")
+    if threads <= 0:
+        raise InvalidValue(f"threads must be >= 1, got {threads}")
+    return threads
+
+
 def parse_draft_vocab(text: str, name: str = "draft_vocab") -> int | str:
     """``auto`` or a number of tokens (0: the full vocabulary) from text; ``name``: what the messages call the
     setting."""
@@ -190,8 +205,7 @@ class LoadSpec:
         for name in ("backend", "dtype", "draft_quant", "quantize"):
             if not isinstance(v := getattr(self, name), str):
                 raise InvalidType(f"{name} must be a str (auto or a value), got {v!r}")
-        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)):
-            raise InvalidType(f"threads must be an integer >= 1 or None (all cores), got {self.threads!r}")
+        check_threads(self.threads)
         if not (self.device is None or isinstance(self.device, (str, torch.device))):
             raise InvalidType(f"device must be auto, cpu, cuda, cuda:N or a torch.device, got {self.device!r}")
         if self.draft_vocab is not None:
@@ -218,8 +232,6 @@ class LoadSpec:
             check_kind(self.draft_quant)
         threads = self.threads
         if threads is not None:
-            if isinstance(threads, bool) or not isinstance(threads, int) or threads <= 0:
-                raise PacerError(f"threads must be >= 1, got {threads}")
             cores = os.cpu_count() or 1
             if threads > cores:
                 print(f"pacer: warning: --threads {threads} is more than this machine's {cores} cores "

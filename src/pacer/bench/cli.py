@@ -13,6 +13,7 @@ from pathlib import Path
 from .. import backends
 from ..args import add_model_args
 from ..errors import PacerError
+from ..pair import check_threads
 from .run import answers, git, greedy, load_run_decoder, lock, read_meta, report, run, write_meta
 
 DEFAULT_METHODS = ("ar,sd:gamma=4,heuristic,confidence,entropy,oracle,hf-assisted,"
@@ -113,8 +114,7 @@ def _validate(args: argparse.Namespace) -> None:
         raise PacerError(f"--repeats must be >= 1, got {args.repeats}")
     if not math.isfinite(args.temperature) or args.temperature < 0:
         raise PacerError(f"--temperature must be a finite number >= 0, got {args.temperature}")
-    if args.threads is not None and args.threads <= 0:
-        raise PacerError(f"--threads must be >= 1, got {args.threads}")
+    check_threads(args.threads)  # --quick loads no LoadSpec of its own before its models
 
 
 def load_questions(args: argparse.Namespace):
