@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from pacer import models, quantize
+from pacer import backends, quantize
 from pacer.backends.transformers import TransformersBackend
 from pacer.machine import describe_cpu
 
@@ -33,7 +33,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    loaded = models.load_model("default-draft", "bfloat16", progress=False)
+    loaded = backends.load_model("default-draft", "bfloat16", progress=False)
     quantize.quantize_int8(loaded.model)
     backend = TransformersBackend(loaded.model)
     switch = quantize.DENSE_ROWS

@@ -50,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-from pacer import devices
+from pacer import devices, timing
 from pacer.backends.transformers import TransformersBackend
 from pacer.costs import Costs
 from pacer.decoding import ModelBackend, Output, Tree, autoregressive_generate, speculative_generate
@@ -128,18 +128,6 @@ def token_ids(n: int, vocab: int, offset: int = 0) -> list[int]:
     return [(1000 + 7919 * (i + offset)) % max(2, vocab - 1) for i in range(n)]
 
 
-# ------------------------------------------------------------------------------------------------------ timing
-def timed_forward(backend: ModelBackend, tokens: list[int], base: int, keep: int) -> float:
-    """Seconds of one forward of ``tokens`` after ``base`` cached tokens (synchronised), cropped back after."""
-    devices.synchronize(backend.device)
-    t = time.perf_counter()
-    backend.forward(tokens, keep=keep)
-    devices.synchronize(backend.device)
-    dt = time.perf_counter() - t
-    backend.crop(base)
-    return dt
-
-
 @torch.inference_mode()
 def cost_curve(model: torch.nn.Module, context: int, reps: int, ks: Sequence[int] = KS) -> dict[int, float]:
     """``c_t(k)``: median seconds of a forward scoring ``k`` new tokens (keeping ``k`` rows of logits, as the
@@ -149,9 +137,7 @@ def cost_curve(model: torch.nn.Module, context: int, reps: int, ks: Sequence[int
     b.forward(token_ids(context, vocab), keep=1)
     out = {}
     for k in ks:
-        toks = token_ids(k, vocab, offset=context)
-        timed_forward(b, toks, context, k)  # warm-up of this shape
-        out[k] = statistics.median(timed_forward(b, toks, context, k) for _ in range(reps))
+        out[k] = timing.median(b, token_ids(k, vocab, offset=context), context, reps, keep=k)
     return out
 
 
@@ -161,9 +147,7 @@ def draft_cost(model: torch.nn.Module, context: int, reps: int, rows: torch.Tens
     b = TransformersBackend(model, rows)
     ctx = token_ids(context, b.vocab_size)
     b.forward(ctx, keep=1)
-    tok = token_ids(1, b.vocab_size, offset=context)
-    timed_forward(b, tok, context, 1)
-    return statistics.median(timed_forward(b, tok, context, 1) for _ in range(reps))
+    return timing.median(b, token_ids(1, b.vocab_size, offset=context), context, reps)
 
 
 @torch.inference_mode()

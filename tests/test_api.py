@@ -132,9 +132,9 @@ def test_sampling_settings_in_range_work(dec):
     ({"quantize": 8}, "quantize must be a str"), ({"draft_vocab": {"a": 1}}, "draft_vocab must be"),
     ({"progress": "no"}, "progress must be true or false")])
 def test_load_spec_types_are_checked_before_anything_loads(kwargs, words, monkeypatch):
-    from pacer import models
+    from pacer import backends
 
-    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(backends, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     refused(TypeError, words, LoadSpec, **kwargs)
     from pacer import Decoder
 

@@ -3,8 +3,9 @@ no import cycle, the decoding core imports no drafter implementation or method r
 holds registry records only.
 
 The graph: an edge ``a -> b`` for every ``import b`` / ``from b import x`` inside ``pacer`` found anywhere in
-module ``a`` (function bodies included: a deferred import is still a dependency), relative imports resolved,
-imports under ``if TYPE_CHECKING:`` left out (they never run). ``from p import x`` is an edge to ``p.x`` where
+module ``a``, relative imports resolved: function bodies included (a deferred import is still a dependency) and
+imports under ``if TYPE_CHECKING:`` too (a type ``a`` names is a dependency of its reader, and a circle hidden
+there comes back as soon as the type is needed at run time). ``from p import x`` is an edge to ``p.x`` where
 ``p.x`` is a module, else to ``p``. Importing ``a.b.c`` also runs the ``__init__`` of packages ``a`` and ``a.b``:
 an edge to each, except to a package that already contains the importing module (it is being imported already)."""
 
@@ -20,12 +21,6 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 ROOT = "pacer"
 
-#: import cycles among modules outside this change's scope (``api``, ``args``, ``models``, ``calibration``,
-#: ``devices``, ``draftvocab``, ``cli``, ``serve``, ``bench``), each the exact set of modules of one strongly
-#: connected component; the no-cycle test tolerates exactly these until they are broken (then empty this)
-KNOWN_CYCLES_OUTSIDE_SCOPE: list[frozenset[str]] = []
-
-
 def modules(src: Path = SRC) -> dict[str, Path]:
     """Module name -> file, for every module of the package (a package is its ``__init__``)."""
     out = {}
@@ -37,24 +32,9 @@ def modules(src: Path = SRC) -> dict[str, Path]:
     return out
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def _imports(tree: ast.AST):
-    """Every ``Import`` / ``ImportFrom`` node at any depth, skipping ``if TYPE_CHECKING:`` bodies (not their
-    ``else``)."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            yield node
-            continue
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
-            stack.extend(node.orelse)
-            continue
-        stack.extend(ast.iter_child_nodes(node))
+    """Every ``Import`` / ``ImportFrom`` node at any depth (function bodies, ``if TYPE_CHECKING:`` blocks)."""
+    return (node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)))
 
 
 def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:
@@ -191,7 +171,7 @@ def test_graph_rules(tmp_path):
     (pkg / "sub" / "d.py").write_text("from . import name_in_init\n")
     graph = import_graph(tmp_path)
     assert graph["pacer"] == {"pacer.a"}
-    assert graph["pacer.a"] == {"pacer.sub", "pacer.sub.c"}  # not b: only under TYPE_CHECKING
+    assert graph["pacer.a"] == {"pacer.b", "pacer.sub", "pacer.sub.c"}  # b under TYPE_CHECKING counts too
     assert graph["pacer.b"] == {"pacer.sub", "pacer.sub.d"}  # importing a module runs its package's __init__
     assert graph["pacer.sub.c"] == {"pacer.b", "pacer.sub.d"}
     assert graph["pacer.sub.d"] == {"pacer.sub"}  # a name from the package's own __init__
@@ -203,12 +183,11 @@ def test_graph_rules(tmp_path):
 
 
 def test_no_import_cycle():
+    """No import circle, type-only and deferred imports included: each module can be read (and loaded) after the
+    modules it imports, and a module's tests need nothing above it."""
     graph = import_graph()
     found = cycles(graph)
-    new = [c for c in found if c not in KNOWN_CYCLES_OUTSIDE_SCOPE]
-    assert not new, "import cycles:\n" + describe(graph, new)
-    gone = [c for c in KNOWN_CYCLES_OUTSIDE_SCOPE if c not in found]
-    assert not gone, f"these known cycles are gone (or changed): remove them from KNOWN_CYCLES_OUTSIDE_SCOPE: {gone}"
+    assert not found, "import cycles:\n" + describe(graph, found)
 
 
 def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
@@ -245,6 +224,69 @@ def test_methods_hold_records_only():
         if extra:
             found[path.name] = sorted(extra)
     assert not found, f"classes outside the registry's records in pacer/methods: {found}"
+
+
+# ------------------------------------------------------------------------------------------- private names
+SCRIPTS = SRC.parent / "scripts"
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_imports(src: Path = SRC, scripts: Path = SCRIPTS) -> list[str]:
+    """``module:line name`` of every private name (one leading underscore) that a module of the package or a script
+    takes from another module of the package: ``from m import _x``, or ``m._x`` on a module ``m`` it imported."""
+    mods = modules(src)
+    files = {**mods, **{f"scripts.{p.stem}": p for p in sorted(scripts.glob("*.py"))}}
+    found = []
+    for mod, path in files.items():
+        tree = ast.parse(path.read_text(), str(path))
+        is_package = path.name == "__init__.py"
+        bound: dict[str, str] = {}  # a local name -> the package module it names
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = _resolve(mod, is_package, node)
+                if base != ROOT and not base.startswith(ROOT + "."):
+                    continue
+                for a in node.names:
+                    if _private(a.name):
+                        found.append(f"{mod}:{node.lineno} {base}.{a.name}")
+                    elif f"{base}.{a.name}" in mods:
+                        bound[a.asname or a.name] = f"{base}.{a.name}"
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name in mods:  # ``import pacer.x as y`` binds y; ``import pacer.x`` binds pacer
+                        bound[a.asname or ROOT] = a.name if a.asname else ROOT
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and _private(node.attr) and isinstance(node.value, ast.Name)
+                    and bound.get(node.value.id, mod) != mod):
+                found.append(f"{mod}:{node.lineno} {bound[node.value.id]}.{node.attr}")
+    return found
+
+
+def test_private_imports_on_a_planted_package(tmp_path):
+    pkg = tmp_path / ROOT
+    (pkg / "sub").mkdir(parents=True)
+    (tmp_path / "scripts").mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def _key():\n    return 1\n")
+    (pkg / "sub" / "__init__.py").write_text("from .. import a\nx = a._key()\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from ..a import _key, __doc__\n    return _key\n"
+                                      "def _own():\n    return _own\n")
+    (pkg / "fine.py").write_text("from .a import _key as key  # noqa\nfrom .sub import b as _b\n"
+                                 "import os\nos._exit\nclass C:\n    _x = 1\n    def g(self):\n"
+                                 "        return self._x\n")
+    (tmp_path / "scripts" / "tool.py").write_text("import pacer.sub.b as b\nb._own()\n")
+    assert private_imports(tmp_path, tmp_path / "scripts") == [
+        f"{ROOT}.fine:1 {ROOT}.a._key", f"{ROOT}.sub:2 {ROOT}.a._key", f"{ROOT}.sub.b:2 {ROOT}.a._key",
+        f"scripts.tool:2 {ROOT}.sub.b._own"]
+
+
+def test_no_module_imports_a_private_name_of_another():
+    """What one module needs of another is public in it (``pacer.machine.machine_key``, ``pacer.timing.timed``),
+    never ``from m import _x``: a private name may change without a look at its users."""
+    assert private_imports() == [], "make the name public where it belongs, or move the code that needs it"
 
 
 # ----------------------------------------------------------------------------------- backends and the Decoder
@@ -368,11 +410,16 @@ def test_one_file_per_built_in_backend():
 
 def test_models_is_backend_independent():
     """``pacer.models`` (the loaded-model contract, threads, fingerprints, the tokenizer check) reaches neither the
-    decoding core nor any backend's file, directly or through another module."""
+    backend registry nor any backend's file, directly or through another module (the registry loads models and
+    names the contract); and the decoding core reaches neither ``pacer.models`` nor ``pacer.backends``: it works on
+    the :class:`~pacer.decoding.backend.ModelBackend` that the contract's ``open`` returns."""
     graph = import_graph()
-    bad = sorted(t for t in _reach(graph, f"{ROOT}.models")
-                 if t.startswith(f"{ROOT}.decoding") or t.startswith(f"{ROOT}.backends."))
+    bad = sorted(t for t in _reach(graph, f"{ROOT}.models") if t.startswith(f"{ROOT}.backends"))
     assert not bad, f"pacer.models reaches {bad}"
+    core = [m for m in graph if m == f"{ROOT}.decoding" or m.startswith(f"{ROOT}.decoding.")]
+    bad = sorted({t for m in core for t in _reach(graph, m)
+                  if t == f"{ROOT}.models" or t.startswith(f"{ROOT}.backends")})
+    assert not bad, f"pacer.decoding reaches {bad}"
 
 
 # -------------------------------------------------------------------------------------------------- the Decoder

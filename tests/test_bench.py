@@ -446,7 +446,7 @@ def test_report_reprice_and_recheck_refuse_a_hand_edited_answers_file(tmp_path, 
     def edited(change, unsigned: bool = False) -> None:
         """``change`` made by hand to the sd record; ``unsigned``: in a run made before records carried checksums
         (none has one, run.json does not say they do), where the verdicts are still recomputed."""
-        from pacer.bench.cli import _read_meta, _write_meta
+        from pacer.bench.run import read_meta, write_meta
 
         rs = json.loads(json.dumps(recs))
         change(rs[line - 1])
@@ -454,7 +454,7 @@ def test_report_reprice_and_recheck_refuse_a_hand_edited_answers_file(tmp_path, 
             for r in rs:
                 r.pop("sha256")
         (out / "answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rs))
-        _write_meta(out, {**_read_meta(out), "answers_signed": not unsigned})
+        write_meta(out, {**read_meta(out), "answers_signed": not unsigned})
 
     def no_choices(r):
         del r["choices"]
@@ -607,7 +607,7 @@ def test_plots_written_and_non_empty(tmp_path):
 
 # ------------------------------------------------------------------------------------------ end to end
 def test_quick_end_to_end_and_resume(tmp_path, capsys):
-    from pacer.bench.cli import _write_meta
+    from pacer.bench.run import write_meta
 
     out = tmp_path / "bench"
     argv = ["bench", "--quick", "--n", "3", "--max-new-tokens", "8", "--no-progress", "--out", str(out),
@@ -643,14 +643,14 @@ def test_quick_end_to_end_and_resume(tmp_path, capsys):
     # a run started on another CPU is not resumed here (its wall-clock pairs would mix machines), before any load
     meta["cpu_identity"] = {**meta["cpu_identity"], "family": "99"}
     meta["cpu"] = "Another CPU (family 99)"
-    _write_meta(out, meta)
+    write_meta(out, meta)
     assert main([*argv, "--resume"]) == 2
     err = capsys.readouterr().err
     assert "was started on Another CPU (family 99)" in err and "another --out" in err
     # a run whose segments ran on two CPUs says so in its report
     meta["segments"][0]["cpu"] = "Another CPU (family 99)"
     meta["segments"][1]["cpu"] = "This CPU"
-    _write_meta(out, meta)
+    write_meta(out, meta)
     assert main(["bench", "--report-only", "--out", str(out)]) == 0
     assert "the segments ran on 2 CPUs" in (out / "report.md").read_text()
 
@@ -764,11 +764,11 @@ def test_near_tie_table_shows_steps_or_gap_over_noise_by_criterion():
 
 
 def test_second_run_on_a_busy_folder_is_refused(tmp_path, capsys):
-    from pacer.bench.cli import _lock
+    from pacer.bench.run import lock
 
     out = tmp_path / "o"
     out.mkdir()
-    held = _lock(out)
+    held = lock(out)
     try:
         assert main(["bench", "--quick", "--n", "1", "--no-progress", "--out", str(out)]) == 2
         assert "another pacer bench is running" in capsys.readouterr().err
@@ -1118,7 +1118,8 @@ def test_recorded_command_carries_what_reproduces_the_run():
     """The command a run records (run.json, the report's header) names the profile it decided and priced with, the
     checkpoint its validation thresholds came from, the own profile and a left-out anchor: re-running that command
     is the run again, and re-reading it gives the same settings."""
-    from pacer.bench.cli import command_line, parser
+    from pacer.bench.cli import parser
+    from pacer.bench.run import command_line
 
     argv = ["--methods", "ar,cumprob:threshold=validation", "--dataset", "humaneval", "--n", "2", "--max-new-tokens",
             "8", "--backend", "transformers", "--costs", "docs/profiles/p.json", "--own-profile", "own.json",

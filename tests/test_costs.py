@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from pacer import Decoder, machine
+from pacer import Decoder, machine, timing
 from pacer import calibration as cal_mod
 from pacer.costs import Costs
 from pacer.policies import DraftState, FixedPolicy, RoundResult
@@ -403,12 +403,12 @@ def test_a_linear_curve_is_extrapolated_after_four_tokens(home, monkeypatch):
 
     dec = Decoder(*tiny_pair("close"), threads=1)
 
-    def slow_forward(cm, tokens, base):
+    def slow_forward(cm, tokens, base, keep=1, tree=None):
         if base:  # a forward after a cache (not the prefill)
             seen.append((cm is dec.target, len(tokens)))
         return 0.01 * len(tokens)
 
-    monkeypatch.setattr(cal_mod, "_timed", slow_forward)
+    monkeypatch.setattr(timing, "timed", slow_forward)
     cal = cal_mod.measure(dec.pair, None)
     assert max(k for target, k in seen if target) == 4 and cal.measured == [1, 2, 3, 4]
     assert sorted(cal.costs.draft_curve) == [1, 2, 4, 8]  # the draft's curve, for phrase checks
@@ -434,7 +434,7 @@ def test_the_prefill_is_timed_warm(home, monkeypatch):
     def timed(cm, tokens, base, keep=1, tree=None):  # before a warm-up forward of the model: 100 s, else 10 ms a token
         return 100.0 if id(cm) not in forwarded else 0.01 * len(tokens)
 
-    monkeypatch.setattr(cal_mod, "_timed", timed)
+    monkeypatch.setattr(timing, "timed", timed)
     cal = cal_mod.measure(dec.pair, None)
     assert cal.prefill == pytest.approx(0.01) and cal.costs.draft_prefill == pytest.approx(0.01)
 

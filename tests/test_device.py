@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from pacer import Decoder, PacerError, backends, devices, methods, models
+from pacer import Decoder, PacerError, backends, devices, methods
 from pacer.backends.transformers import TransformersBackend
 from pacer.calibration import calibration_key, measure
 from pacer.costs import Costs
@@ -103,7 +103,7 @@ def test_what_cannot_run_is_refused(monkeypatch):
 def test_the_api_refuses_cuda_without_cuda_before_loading(tmp_path, monkeypatch):
     monkeypatch.setattr(devices, "cuda_available", lambda: False)
     t, d = save_tiny_pair(tmp_path)
-    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(backends, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(PacerError, match="no CUDA GPU"):
         Decoder.from_pretrained(str(t), str(d), device="cuda", backend="transformers")
     with pytest.raises(PacerError, match="no CUDA GPU"):

@@ -232,7 +232,7 @@ def test_auto_reduces_only_large_vocabularies_and_falls_back(close, capsys, monk
 
 def test_cli_draft_vocab_values(capsys):
     from pacer.cli import main
-    from pacer.draftvocab import parse
+    from pacer.pair import parse_draft_vocab as parse
 
     assert parse("auto") == "auto" and parse("0") == 0 and parse("32768") == 32768
     assert main(["generate", "hi", "--draft-vocab", "lots"]) == 2

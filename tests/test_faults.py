@@ -97,9 +97,9 @@ def test_output_path_checks_say_what_is_wrong_and_create_nothing(tmp_path):
 
 def no_model_loads(monkeypatch) -> None:
     """Fail the test if a model is loaded (what the checks below must come before)."""
-    from pacer import models
+    from pacer import backends
 
-    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(backends, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
 
 
 def one_line(capsys, rc: int) -> str:

@@ -409,7 +409,7 @@ def test_draft_quant_auto_runs_a_verified_q4_0_copy_where_it_times_faster(files,
     manifest (checked before every use; a damaged copy is made again, an interrupted one leaves nothing), timed
     against the draft as loaded once per key (the choice is kept: no re-timing, no rebuild), run where it is
     faster and never where it is not; ``none`` keeps the file as it is; the output stays plain decoding's."""
-    from pacer import calibration as cal_mod
+    from pacer import timing
     from pacer.backends import llamacpp as lc
     from pacer.cache import Manifest
 
@@ -421,11 +421,11 @@ def test_draft_quant_auto_runs_a_verified_q4_0_copy_where_it_times_faster(files,
     monkeypatch.setattr(lc, "requantize", lambda *a: (made.append(a[2]), requantize(*a)))
     speed = {"Q4_0": 0.5, "ALL_F32": 1.0}  # the copy twice as fast
 
-    def fake_timed(cm, tokens, base):
+    def fake_timed(cm, tokens, base, keep=1, tree=None):
         timed.append(1)
         return speed[lc._file_type(cm.llama)]
 
-    monkeypatch.setattr(cal_mod, "_timed", fake_timed)
+    monkeypatch.setattr(timing, "timed", fake_timed)
 
     def load(quant: str) -> Decoder:
         return Decoder.from_pretrained(str(files[0]), str(files[1]), backend="llamacpp", threads=1,

@@ -16,9 +16,10 @@ from pacer import PacerError, models
 from pacer import cache as pacer_cache
 from pacer import gguf as pacer_gguf
 from pacer import io as pacer_io
+from pacer.backends import load_model
 from pacer.gguf import GgufSpec, assemble_gguf
 from pacer.io import atomic_write_text
-from pacer.models import check_same_tokenizer, load_model
+from pacer.models import check_same_tokenizer
 from pacer.tiny import save_tiny_pair, tiny_pair, tiny_tokenizer
 
 CHUNKS = [os.urandom(3000), os.urandom(5000) + b"middle", os.urandom(1234)]
@@ -437,7 +438,7 @@ def test_a_killed_conversion_leaves_nothing_behind_after_the_next_run(tmp_path, 
 import os, signal
 from pathlib import Path
 import pacer.gguf as g
-import pacer.models as m
+import pacer.backends as m
 def dequantize(gguf, out_dir, dtype):
     (Path(out_dir) / "model.safetensors").write_bytes(b"half" * 1000)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -506,7 +507,7 @@ from pathlib import Path
 
 import torch
 
-from pacer import gguf as pacer_gguf, models
+from pacer import backends, gguf as pacer_gguf
 from pacer.backends import transformers as hf
 from pacer.tiny import tiny_pair
 
@@ -534,7 +535,7 @@ pacer_gguf._dequantize, hf._load_folder = dequantize, load_slowly
 (work / f"ready-{me}").touch()
 while not (work / "go").exists():
     time.sleep(0.01)
-lm = models.load_model(str(work / "tiny.gguf"), "float32")
+lm = backends.load_model(str(work / "tiny.gguf"), "float32")
 with torch.no_grad():
     out = lm.model(input_ids=torch.tensor([[5, 6, 7, 8]])).logits
 print(json.dumps({"conversions": len(conversions), "logits": out.flatten()[:8].tolist()}))

@@ -4,7 +4,10 @@ API's paths (``Decoder.load(LoadSpec(...))``, ``Decoder(target, draft, ...)``) a
 
 from __future__ import annotations
 
+import ast
+import re
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -82,3 +85,51 @@ def test_a_generation_request_is_checked_in_its_constructor_and_complete():
     assert GenerationRequest.of(job) is job
     with pytest.raises(PacerError, match="complete: pass gamma"):
         GenerationRequest.of(job, gamma=3)
+
+
+# ------------------------------------------------------------------------------------------ a load's settings
+SRC = Path(__file__).resolve().parents[1] / "src" / "pacer"
+
+
+def refusers(setting: str, src: Path = SRC) -> list[str]:
+    """``module.function`` of every function of pacer that raises an error stating a rule for ``setting`` (``threads
+    must ...`` or ``--threads must ...``): its checkers."""
+    rule = re.compile(rf"(?<![\w-])(?:{setting}|--{setting.replace('_', '-')}) must\b")
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        module = ".".join(path.relative_to(src.parent).with_suffix("").parts)
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                    isinstance(r, ast.Raise) and r.exc is not None and rule.search("".join(
+                        c.value for c in ast.walk(r.exc) if isinstance(c, ast.Constant) and isinstance(c.value, str)))
+                    for r in ast.walk(fn)):
+                found.append(f"{module}.{fn.name}")
+    return found
+
+
+def test_refusers_on_a_planted_module(tmp_path):
+    pkg = tmp_path / "pacer"
+    pkg.mkdir()
+    (pkg / "a.py").write_text("def f(t):\n    if t < 1:\n        raise ValueError(f'--threads must be >= 1, got {t}')\n"
+                              "def g(t):\n    raise ValueError('the threads must')\ndef h(n):\n"
+                              "    raise ValueError(f'n_threads must be {n}')\n")
+    assert refusers("threads", pkg) == ["pacer.a.f", "pacer.a.g"]
+
+
+def test_threads_are_checked_in_one_place():
+    """One function refuses a bad ``threads`` (:func:`pacer.pair.check_threads`): the load spec, the command line's
+    early check and ``pacer bench --quick`` call it (five functions checked it on their own once)."""
+    assert refusers("threads") == ["pacer.pair.check_threads"]
+
+
+GENERATE = ["generate", PROMPT, "--target", "/nonexistent/model"]
+BENCH = ["bench", "--quick", "--n", "1", "--no-progress"]  # (--quick takes --threads 0 as its default, 1)
+
+
+@pytest.mark.parametrize("argv, threads", [(GENERATE, "0"), (GENERATE, "-2"), (BENCH, "-2")])
+def test_the_command_line_refuses_bad_threads_first(argv, threads, tmp_path, capsys):
+    """Before anything loads or is written: one line, exit 2, in the command line's words."""
+    out = tmp_path / "run"
+    assert main([*argv, "--threads", threads, *(["--out", str(out)] if argv[0] == "bench" else [])]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert err == [f"pacer: error: --threads must be >= 1, got {threads}"] and not out.exists()

@@ -4,8 +4,7 @@ for every method, and sampling keeps the target's distribution (chi-square). An 
 import pytest
 import torch
 
-from pacer import Decoder
-from pacer import calibration as cal_mod
+from pacer import Decoder, timing
 from pacer.backends import transformers as hf
 from pacer.quantize import Int8Linear, quantize_int8
 from pacer.sampling import SamplingConfig
@@ -132,20 +131,20 @@ def test_int8_target_is_another_model_but_speculation_on_it_is_exact():
 def test_auto_draft_quant_is_measured_once_and_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("PACER_HOME", str(tmp_path))
     calls = []
-    real = cal_mod._timed
+    real = timing.timed
 
-    def timed(cm, tokens, base):
+    def timed(cm, tokens, base, keep=1, tree=None):
         calls.append(1)
         int8 = isinstance(cm.model.get_decoder().layers[0].mlp.up_proj, Int8Linear)
-        real(cm, tokens, base)
+        real(cm, tokens, base, keep, tree)
         return 0.5 if int8 else 1.0  # int8 twice as fast
 
-    monkeypatch.setattr(cal_mod, "_timed", timed)
+    monkeypatch.setattr(timing, "timed", timed)
     t, d = tiny_pair("close")
     assert hf.choose_draft_quant(d) == "int8"
     n = len(calls)
     assert hf.choose_draft_quant(d) == "int8" and len(calls) == n  # cached
-    monkeypatch.setattr(cal_mod, "_timed", lambda cm, tokens, base: 1.0)  # equal speed: keep the draft as is
+    monkeypatch.setattr(timing, "timed", lambda *a, **k: 1.0)  # equal speed: keep the draft as is
     monkeypatch.setattr(torch, "get_num_threads", lambda: 7)  # another key
     assert hf.choose_draft_quant(d) == "none"
     assert not isinstance(d.model.get_decoder().layers[0].mlp.up_proj, Int8Linear)  # measured on a copy

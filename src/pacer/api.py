@@ -22,7 +22,8 @@ from .errors import InvalidType
 from .factory import MethodFactory
 from .pair import LoadSpec, Pair
 from .policies.base import DraftPolicy
-from .request import GenerationRequest, MethodRequest, check_stop
+from .prompt import check_stop
+from .request import GenerationRequest, MethodRequest
 from .sampling import SamplingConfig
 
 

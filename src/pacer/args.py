@@ -172,11 +172,14 @@ def check_args(args: argparse.Namespace) -> GenerationRequest:
     checks the API makes (:class:`pacer.request.MethodRequest`, :class:`pacer.request.GenerationRequest`), in the
     command line's words; returns the generation request (:meth:`pacer.Decoder.generate` takes it as it is)."""
     from .errors import PacerError
+    from .pair import check_threads
     from .request import GenerationRequest
     from .sampling import SamplingConfig
 
-    if args.threads is not None and args.threads <= 0:
-        raise PacerError(f"--threads must be >= 1, got {args.threads}")
+    try:
+        check_threads(args.threads)  # a load setting, checked here before the prompt is read
+    except PacerError as e:
+        raise PacerError(as_flags(str(e))) from None
     if any(s == "" for s in args.stop):
         raise PacerError("--stop takes a non-empty string (an empty one would stop after the first token)")
     request = method_request(args)

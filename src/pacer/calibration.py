@@ -4,15 +4,15 @@ Speculative decoding pays only where verifying ``k`` tokens in one target forwar
 forwards, and that depends on the CPU's matrix kernels, not on the models: on an AVX2-only CPU a bf16 forward costs
 about ``k`` times one token's, on AVX-512/AMX CPUs it is nearly flat in ``k``. So pacer measures, where it runs:
 
-* ``c_t(k)`` - one target forward scoring ``k`` new tokens after a realistic context (``CONTEXT`` cached tokens),
-  ``k`` from 1 to ``max_draft + 1``. Where the first points already grow like ``k`` the rest is extrapolated
-  (a 16-token bf16 forward takes seconds on such a CPU, and no draft can pay there anyway);
+* ``c_t(k)`` - one target forward scoring ``k`` new tokens after a realistic context (``CONTEXT`` cached tokens,
+  :mod:`pacer.timing`), ``k`` from 1 to ``max_draft + 1``. Where the first points already grow like ``k`` the rest
+  is extrapolated (a 16-token bf16 forward takes seconds on such a CPU, and no draft can pay there anyway);
 * ``c_d`` - one draft token (one new token through the draft, with the drafter's vocabulary);
 * the prefill cost per prompt token of the target, and of the draft (``c_pre``: what a draft model pays to catch up
   with tokens it has not read, see :func:`pacer.policies.cost_aware.catch_up_pays`).
 
 Each point is the median of ``REPS`` forwards after a warm-up, with the cache cropped back between them (on a GPU
-each forward is timed between two ``torch.cuda.synchronize()`` calls, :func:`pacer.devices.synchronize`, so that it
+each forward is timed between two ``torch.cuda.synchronize()`` calls, :func:`pacer.timing.timed`, so that it
 counts the kernels and not only their launch). A point whose forwards spread more than ``NOISY`` (max/min) is
 measured again; if it still does, the calibration is *noisy*:
 it is used with the slowest forward of each point (conservative) by the run that measured it, said in a note, and
@@ -42,13 +42,12 @@ from pathlib import Path
 
 import torch
 
-from . import devices
+from . import devices, timing
 from .costs import BadField, Costs, prefill_doubt
 from .machine import FORMAT, STORE, cpu_identity
 
 #: the draft forwards measured besides one token: a phrase check over k new tokens (Ouroboros)
 DRAFT_KS = (2, 4, 8)
-CONTEXT = 32
 REPS = 3
 NOISY = 1.5
 #: a curve is treated as growing like ``k`` (and extrapolated) once ``c_t(4) >= LINEAR * c_t(1)``
@@ -117,7 +116,7 @@ def calibration_key(pair, rows: torch.Tensor | None) -> dict:
         "threads": torch.get_num_threads(),
         "cpu": cpu_identity(),
         "torch": torch.__version__,
-        "context": CONTEXT,
+        "context": timing.CONTEXT,
     }
     if pair.target.device.type != "cpu":  # (CPU keys stay as they were: their caches stay valid)
         key["device"] = devices.describe(pair.target.device)
@@ -128,37 +127,11 @@ def calibration_key(pair, rows: torch.Tensor | None) -> dict:
     return key
 
 
-def _machine_key(loaded, what: str) -> dict:
-    return {"format": FORMAT, "what": what, "model": loaded.fingerprint, "dtype": loaded.weights,
-            "threads": torch.get_num_threads(), "cpu": cpu_identity(), "torch": torch.__version__}
-
-
-def draft_token_seconds(cm, vocab: int, reps: int) -> float:
-    """Median seconds of one draft token on backend ``cm`` (one new token after ``CONTEXT`` cached, ``reps`` times
-    after a warm-up): what ``--draft-quant auto`` compares between a draft and its cheaper copy."""
-    ctx = [(1000 + 7 * i) % max(2, vocab - 1) for i in range(CONTEXT)]
-    cm.forward(ctx, keep=1)
-    _timed(cm, ctx[:1], len(ctx))
-    return statistics.median(_timed(cm, ctx[:1], len(ctx)) for _ in range(reps))
-
-
-def _timed(cm, tokens: list[int], base: int, keep: int = 1, tree=None) -> float:
-    """Seconds of one forward of ``tokens`` on backend ``cm`` (its device synchronised around it; ``keep`` rows of
-    logits, as a ``tree`` where given), then the cache is cropped back to ``base`` tokens."""
-    devices.synchronize(cm.device)
-    t = time.perf_counter()
-    cm.forward(tokens, keep=keep, tree=tree)
-    devices.synchronize(cm.device)
-    dt = time.perf_counter() - t
-    cm.crop(base)
-    return dt
-
-
 def _point(cm, tokens: list[int], base: int, reps: int) -> tuple[float, float, bool]:
     """(median, slowest, noisy) seconds of ``reps`` forwards of ``tokens`` after ``base`` cached tokens."""
-    times = [_timed(cm, tokens, base) for _ in range(reps)]
+    times = [timing.timed(cm, tokens, base) for _ in range(reps)]
     if max(times) > NOISY * min(times):
-        times += [_timed(cm, tokens, base) for _ in range(reps)]
+        times += [timing.timed(cm, tokens, base) for _ in range(reps)]
         times = sorted(times)[: max(reps, len(times) - 2)]  # drop the two slowest (a stray stall)
     return statistics.median(times), max(times), max(times) > NOISY * min(times)
 
@@ -169,8 +142,8 @@ def measure(pair, rows: torch.Tensor | None, max_draft: int = 16, reps: int = RE
     ``k``), ``c_d`` and the prefill cost on the pair's models (see the module docstring)."""
     say = progress or (lambda s: None)
     start = time.perf_counter()
-    ctx = [(1000 + 7 * i) % max(2, pair.vocab - 1) for i in range(CONTEXT)]
-    ctx = ctx[: max(1, min(CONTEXT, pair.target.context - max_draft - 2))]
+    ctx = timing.token_ids(pair.vocab)
+    ctx = ctx[: max(1, min(timing.CONTEXT, pair.target.context - max_draft - 2))]
     ks = sorted(k for k in {1, 2, 3, 4, 6, 8, 12, max_draft + 1} if k <= max_draft + 1)
     target = pair.target
     target.reset()
@@ -181,9 +154,9 @@ def measure(pair, rows: torch.Tensor | None, max_draft: int = 16, reps: int = RE
         # at 71 ms against 22 ms for a token of a 17-token forward)
         target.forward(ctx, keep=1)
         target.reset()
-        prefill = min(_timed(target, ctx, 0) for _ in range(2)) / len(ctx)
+        prefill = timing.prefill(target, ctx)
         target.forward(ctx, keep=1)
-        _timed(target, ctx[:1], len(ctx))  # warm-up
+        timing.timed(target, ctx[:1], len(ctx))  # warm-up
         med: dict[int, float] = {}
         worst: dict[int, float] = {}
         for k in ks:
@@ -203,9 +176,9 @@ def measure(pair, rows: torch.Tensor | None, max_draft: int = 16, reps: int = RE
             dm = pair.draft_backend(rows)
             dm.forward(ctx, keep=1)  # warm-up, then the prefill per token (the draft's catch-up cost)
             dm.reset()
-            draft_prefill = min(_timed(dm, ctx, 0) for _ in range(2)) / len(ctx)
+            draft_prefill = timing.prefill(dm, ctx)
             dm.forward(ctx, keep=1)
-            _timed(dm, ctx[:1], len(ctx))
+            timing.timed(dm, ctx[:1], len(ctx))
             draft, dworst, bad = _point(dm, ctx[:1], len(ctx), reps + 2)
             noisy |= bad
             dcurve = {1: dworst if noisy else draft}
@@ -257,7 +230,7 @@ def load(key: dict) -> tuple[Calibration | None, str]:
         return None, f"calibration cache {cache_path(key)} was measured on a busy machine (noisy)"
     cal.cached = str(cache_path(key))
     if not p.get("prefill_warm") and cal.prefill and \
-            (why := prefill_doubt(CONTEXT, cal.prefill, cal.costs.target)) is not None:
+            (why := prefill_doubt(timing.CONTEXT, cal.prefill, cal.costs.target)) is not None:
         # cached before the prefill was timed warm (a prefill measured warm is kept whatever it costs)
         return None, f"calibration cache {cache_path(key)}: {why}"
     return cal, ""

@@ -137,9 +137,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     anchor = None
     if record.anchor:  # the user's real anchor: llama.cpp's plain decoding of the same GGUF
-        from .bench.cli import _anchor_decoder
+        from .bench.run import anchor_decoder
 
-        anchor = _anchor_decoder(args, dec)
+        anchor = anchor_decoder(args, dec)
         if anchor is not None:
             anchor.generate("Hello", "ar", max_new_tokens=2)
     print()
@@ -315,9 +315,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         if hasattr(args, "draft_vocab"):
-            from .draftvocab import parse
+            from .pair import parse_draft_vocab
 
-            args.draft_vocab = parse(args.draft_vocab, "--draft-vocab")
+            args.draft_vocab = parse_draft_vocab(args.draft_vocab, "--draft-vocab")
             if isinstance(args.draft_vocab, int) and args.draft_vocab > 0 and getattr(args, "draft", None):
                 from .draftvocab import check_size
                 from .models import configured_vocab

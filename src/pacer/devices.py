@@ -11,9 +11,9 @@ here is CPU-only) or with int8.
 they were loaded in, bfloat16 by default on CUDA as on the CPU). Everything a backend creates per forward (input
 ids, tree masks, position ids, the restricted draft head's row indices) is made on the backend's device; host-side
 bookkeeping (token trees, the prompt-lookup proposal) names ``device="cpu"`` and is moved once per round where the
-model needs it. :func:`synchronize` waits for a device's queued work, so that a timing (:mod:`pacer.calibration`)
-measures the forward and not its launch; the decoding loop needs none, since every round reads its verdicts
-(tokens) back to the host anyway.
+model needs it. :func:`pacer.timing.synchronize` waits for a device's queued work, so that a timed forward
+(:mod:`pacer.timing`) measures the forward and not its launch; the decoding loop needs none, since every round reads
+its verdicts (tokens) back to the host anyway.
 """
 
 from __future__ import annotations
@@ -98,13 +98,6 @@ def place(target: LoadedModel, draft: LoadedModel | None, device: torch.device) 
         if loaded is not None and backends.of(loaded).torch_modules:
             loaded.model.to(dev)
     return dev
-
-
-def synchronize(device: torch.device | str) -> None:
-    """Wait until ``device`` has finished its queued work (a no-op on the CPU)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def describe(device: torch.device | str) -> str:

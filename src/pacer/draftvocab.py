@@ -31,7 +31,7 @@ import torch
 
 from . import backends
 from .cache import Store
-from .errors import InvalidValue, PacerError
+from .errors import PacerError
 
 if TYPE_CHECKING:
     from .pair import Pair
@@ -103,20 +103,6 @@ def auto_size(pair: Pair) -> int:
     if info is None or pair.tokenizer is None or not backends.of(info).reduced_head:
         return 0
     return AUTO_SIZE if info.vocab_size >= AUTO_MIN_VOCAB else 0
-
-
-def parse(text: str, name: str = "draft_vocab") -> int | str:
-    """``auto`` or a number of tokens (0: the full vocabulary); ``name``: what the messages call the setting."""
-    if text == "auto":
-        return text
-    try:
-        size = int(text)
-    except ValueError:
-        size = -1
-    if size < 0:
-        raise InvalidValue(f"{name} must be auto or a number of tokens (0: the full vocabulary), got "
-                           f"{text!r}")
-    return size
 
 
 def check_size(size: int, vocab: int) -> None:

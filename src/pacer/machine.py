@@ -1,5 +1,6 @@
 """The machine pacer runs on: the CPU as its matrix kernels see it (:func:`cpu_identity`, part of every calibration
-key), and the store where the calibrations and the machine choices measured with them are cached (:data:`STORE`).
+key), and the store where the calibrations and the machine choices measured with them are cached (:data:`STORE`,
+a choice under :func:`machine_key`).
 """
 
 from __future__ import annotations
@@ -65,3 +66,12 @@ def describe_cpu(cpu: dict | None = None) -> str:
     env = "".join(f", {k}={v}" for k, v in cpu.get("env", {}).items())
     fam = f" (family {cpu['family']}, model {cpu['model_id']})" if cpu.get("family") else ""
     return f"{cpu['model']}{fam}, {isa_level(cpu)}, PyTorch kernels {cpu['torch_kernels']}{env}"
+
+
+def machine_key(what: str, loaded=None, **settings) -> dict:
+    """The key in :data:`STORE` of a choice ``what`` measured on this machine (the threads, the CPU, PyTorch), for a
+    loaded model (:class:`pacer.models.LoadedModel`: its weights) where given, under the measurement's ``settings``
+    (a backend's ``--dtype auto`` and ``--draft-quant auto``)."""
+    model = {} if loaded is None else {"model": loaded.fingerprint, "dtype": loaded.weights}
+    return {"format": FORMAT, "what": what, **model, **settings, "threads": torch.get_num_threads(),
+            "cpu": cpu_identity(), "torch": torch.__version__}

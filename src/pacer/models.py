@@ -1,5 +1,6 @@
-"""What every backend's models share: the :class:`LoadedModel` contract, :func:`load_model` (through the backend's
-record, :mod:`pacer.backends`), the threads, model-folder fingerprints and the tokenizer check of a pair.
+"""What every backend's models share: the :class:`LoadedModel` contract, the threads, model-folder fingerprints and
+the tokenizer check of a pair. A model is loaded through its backend's record (:func:`pacer.backends.load_model`),
+which this module never imports: the records name this contract.
 
 The backends themselves (their loaded-model classes and loaders) are one file each in :mod:`pacer.backends`:
 a GGUF file (the default pair's is assembled from its chunk packages, :mod:`pacer.gguf`) is run as it is by
@@ -19,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import backends
 from .cache import file_sha256, pacer_home
 from .errors import PacerError
 from .gguf import DEFAULT_NAMES
@@ -31,10 +31,9 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch
 
 
 def set_threads(threads: int | None) -> int:
-    """Use ``threads`` intra-op threads (all cores by default); returns the number set."""
+    """Use ``threads`` intra-op threads (``None``: all cores; a resolved :class:`pacer.pair.LoadSpec`'s, checked
+    there); returns the number set."""
     n = threads or os.cpu_count() or 1
-    if n <= 0:
-        raise PacerError(f"threads must be positive, got {threads}")
     torch.set_num_threads(n)
     return n
 
@@ -99,15 +98,6 @@ class LoadedModel(ABC):
     def describe(self) -> dict:
         return {"backend": self.backend, "source": self.source, "fingerprint": self.fingerprint,
                 "dtype": self.weights, "layers": self.layers, "hidden": self.hidden_size, "params": self.params}
-
-
-def load_model(spec: str, dtype: str = "bfloat16", home: Path | None = None, progress: bool = True,
-               backend: str = "transformers", checked: bool = False) -> LoadedModel:
-    """Load ``spec`` (``default-target``/``default-draft``, a Hugging Face model folder or a ``.gguf`` file) on
-    ``backend`` (its record's loader, :mod:`pacer.backends`), checking first that the backend runs it here
-    (``checked``: a resolved :class:`pacer.pair.LoadSpec` has)."""
-    record = backends.get(backend) if checked else backends.check(backend, spec)
-    return record.load(spec, dtype, home, progress)
 
 
 def configured_vocab(spec: str, dtype: str = "bfloat16", home: Path | None = None) -> int | None:

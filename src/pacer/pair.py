@@ -3,13 +3,14 @@ model settings, made once by :meth:`LoadSpec.resolve`; :class:`Pair` trusts a re
 below the API get (calibration, the draft vocabulary, the learned policies, the method factories), never the
 :class:`pacer.Decoder`.
 
-``LoadSpec(...).resolve()`` checks, before anything loads: the quantization kinds, the backend (``auto``: the
-first registered backend that runs the models, the device and the settings, :func:`pacer.backends.resolve`), that
-the backend runs every model spec and is installed, that it takes the settings (int8, a reduced draft vocabulary),
-the device (:func:`pacer.devices.check_device`) and the threads. ``load()`` then measures what ``auto`` leaves to
-this machine (the weights' dtype: the record's ``auto_dtype``), loads the models with the backend's loader and
-returns the :class:`Pair`. Models loaded already get their settings checked the same way, once
-(:meth:`LoadSpec.loaded`).
+``LoadSpec(...)`` checks each setting's type and what a value alone can say (the threads, :func:`check_threads`;
+the draft vocabulary, :func:`check_draft_vocab`); ``resolve()`` checks, before anything loads: the quantization
+kinds, the backend (``auto``: the first registered backend that runs the models, the device and the settings,
+:func:`pacer.backends.resolve`), that the backend runs every model spec and is installed, that it takes the settings
+(int8, a reduced draft vocabulary) and the device (:func:`pacer.devices.check_device`), and caps the threads at the
+cores. ``load()`` then measures what ``auto`` leaves to this machine (the weights' dtype: the record's
+``auto_dtype``), loads the models with the backend's loader and returns the :class:`Pair`. Models loaded already
+get their settings checked the same way, once (:meth:`LoadSpec.loaded`).
 """
 
 from __future__ import annotations
@@ -18,14 +19,15 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
 from . import backends, devices, models
 from .decoding import ModelBackend
 from .decoding.meter import DRAFT, TARGET, metered
-from .errors import ContextError, InvalidType, PacerError
-from .request import check_history, check_prompt_ids, check_stop
+from .errors import ContextError, InvalidType, InvalidValue, PacerError
+from .prompt import check_history, check_prompt_ids, check_stop
 
 END_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>")
 
@@ -121,6 +123,52 @@ class Pair:
         return text
 
 
+# ------------------------------------------------------------------------------------------ a load's settings
+def check_threads(threads: object) -> int | None:
+    """``threads``, the intra-op threads of a load: ``None`` (all cores) or an integer >= 1
+    (:class:`~pacer.errors.InvalidType` / :class:`~pacer.errors.InvalidValue` otherwise). The one check of the
+    setting: a :class:`LoadSpec` makes it when built (:meth:`LoadSpec.resolve` caps it at the cores), the command
+    line before anything loads."""
+    if threads is None:
+        return None
+    if isinstance(threads, bool) or not isinstance(threads, int):
+        raise InvalidType(f"threads must be an integer >= 1 or None (all cores), got {threads!r}")
+    if threads <= 0:
+        raise InvalidValue(f"threads must be >= 1, got {threads}")
+    return threads
+
+
+def parse_draft_vocab(text: str, name: str = "draft_vocab") -> int | str:
+    """``auto`` or a number of tokens (0: the full vocabulary) from text; ``name``: what the messages call the
+    setting."""
+    if text == "auto":
+        return text
+    try:
+        size = int(text)
+    except ValueError:
+        size = -1
+    if size < 0:
+        raise InvalidValue(f"{name} must be auto or a number of tokens (0: the full vocabulary), got "
+                           f"{text!r}")
+    return size
+
+
+def check_draft_vocab(value: Any) -> Any:
+    """A draft vocabulary (:mod:`pacer.draftvocab`): ``auto``, a number of tokens >= 0 or token ids (a sequence of
+    ints), the load setting's and every drafting method's ``draft_vocab`` option's."""
+    if isinstance(value, str):
+        return parse_draft_vocab(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    try:
+        if not isinstance(value, (bool, int, float)) and all(int(i) == i for i in value):
+            return value
+    except (TypeError, ValueError):
+        pass
+    raise InvalidValue(f"draft_vocab must be auto, a number of tokens (0: the full vocabulary) or token ids, got "
+                       f"{value!r}")
+
+
 @dataclass(frozen=True)
 class LoadSpec:
     """What to load and how (see the module docstring). ``target`` / ``draft``: ``default-target`` /
@@ -157,17 +205,14 @@ class LoadSpec:
         for name in ("backend", "dtype", "draft_quant", "quantize"):
             if not isinstance(v := getattr(self, name), str):
                 raise InvalidType(f"{name} must be a str (auto or a value), got {v!r}")
-        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)):
-            raise InvalidType(f"threads must be an integer >= 1 or None (all cores), got {self.threads!r}")
+        check_threads(self.threads)
         if not (self.device is None or isinstance(self.device, (str, torch.device))):
             raise InvalidType(f"device must be auto, cpu, cuda, cuda:N or a torch.device, got {self.device!r}")
         if self.draft_vocab is not None:
             if isinstance(self.draft_vocab, Mapping):
                 raise InvalidType(f"draft_vocab must be auto, a number of tokens or token ids, got "
                                   f"{self.draft_vocab!r}")
-            from .methods import DRAFT_VOCAB
-
-            DRAFT_VOCAB.check(self.draft_vocab, "")
+            check_draft_vocab(self.draft_vocab)
         if not isinstance(self.progress, bool):
             raise InvalidType(f"progress must be true or false, got {self.progress!r}")
 
@@ -187,8 +232,6 @@ class LoadSpec:
             check_kind(self.draft_quant)
         threads = self.threads
         if threads is not None:
-            if isinstance(threads, bool) or not isinstance(threads, int) or threads <= 0:
-                raise PacerError(f"threads must be >= 1, got {threads}")
             cores = os.cpu_count() or 1
             if threads > cores:
                 print(f"pacer: warning: --threads {threads} is more than this machine's {cores} cores "
@@ -229,7 +272,7 @@ class LoadSpec:
         record = spec.record
         if dtype == "auto":  # the weights' dtype, measured on this machine where the backend has a choice
             dtype = record.auto_dtype(spec.device, spec.progress)[0] if record.auto_dtype else "bfloat16"
-        t = models.load_model(spec.target, dtype, progress=spec.progress, backend=spec.backend, checked=True)
-        d = (models.load_model(spec.draft, dtype, progress=spec.progress, backend=spec.backend, checked=True)
+        t = backends.load_model(spec.target, dtype, progress=spec.progress, backend=spec.backend, checked=True)
+        d = (backends.load_model(spec.draft, dtype, progress=spec.progress, backend=spec.backend, checked=True)
              if spec.draft else None)
         return Pair(t, d, spec=spec)

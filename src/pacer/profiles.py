@@ -352,26 +352,18 @@ def measure(pair: Pair, rows: torch.Tensor | None = None, contexts: Sequence[int
             name: str = "", say: Callable[[str], None] = lambda s: None) -> Profile:
     """This machine's profile for a loaded pair whose draft scores vocabulary ``rows`` (see the module docstring;
     ``pacer calibrate --export``)."""
-    import statistics
-
     import torch
 
-    from . import devices
-    from .calibration import _timed
+    from . import devices, timing
     from .decoding.backend import Tree
     from .machine import cpu_identity, describe_cpu
 
     target = pair.target
     limit = target.context - max(TARGET_KS) - 2
     contexts = sorted({c for c in contexts if c <= limit}) or [min(32, max(1, limit))]
-    vocab = max(2, pair.vocab - 1)
 
     def ids(n: int, offset: int = 0) -> list[int]:
-        return [(1000 + 7 * (i + offset)) % vocab for i in range(n)]
-
-    def point(b, toks, base, keep, tree=None) -> float:
-        _timed(b, toks, base, keep, tree)  # warm-up of this shape
-        return statistics.median(_timed(b, toks, base, keep, tree) for _ in range(reps))
+        return timing.token_ids(pair.vocab, n, offset)
 
     def tree_of(k: int) -> Tree:
         """A main chain of about half the tokens and two branches after it (as Ouroboros builds them)."""
@@ -401,17 +393,17 @@ def measure(pair: Pair, rows: torch.Tensor | None = None, contexts: Sequence[int
                 continue
             say(f"target prefill of {n} tokens")
             target.reset()
-            pre[n] = min(_timed(target, ids(n), 0) for _ in range(2)) / n
+            pre[n] = timing.prefill(target, ids(n))
         for c in contexts:
             target.reset()
             target.forward(ids(c), keep=1)
             tc[c], tr[c] = {}, {}
             for k in TARGET_KS:
                 say(f"target, context {c}, {k} token{'s' * (k > 1)}")
-                tc[c][k] = point(target, ids(k, c), c, k)
+                tc[c][k] = timing.median(target, ids(k, c), c, reps, k)
             for k in TREE_KS:
                 say(f"target tree, context {c}, {k} tokens")
-                tr[c][k] = point(target, ids(k, c), c, k, tree_of(k))
+                tr[c][k] = timing.median(target, ids(k, c), c, reps, k, tree_of(k))
         target.reset()
         draft_prefill = 0.0
         if pair.draft_info is not None:
@@ -419,14 +411,14 @@ def measure(pair: Pair, rows: torch.Tensor | None = None, contexts: Sequence[int
             dm.forward(ids(8), keep=1)
             dm.reset()
             n = min(128, limit)
-            draft_prefill = min(_timed(dm, ids(n), 0) for _ in range(2)) / n
+            draft_prefill = timing.prefill(dm, ids(n))
             for c in contexts:
                 dm.reset()
                 dm.forward(ids(c), keep=1)
                 dc[c] = {}
                 for k in DRAFT_KS:
                     say(f"draft, context {c}, {k} token{'s' * (k > 1)}")
-                    dc[c][k] = point(dm, ids(k, c), c, k)
+                    dc[c][k] = timing.median(dm, ids(k, c), c, reps, k)
             dm.reset()
     backend, t, d = pair_of(pair, rows)
     cpu = cpu_identity()

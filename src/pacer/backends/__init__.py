@@ -5,8 +5,9 @@ dtypes and quantization it takes, what ``auto`` chooses for its dtype and its dr
 can score a reduced vocabulary, which hidden layers it returns, the suffix of its shipped pre-verifier
 checkpoints, its runtime's version, and whether ``--backend auto`` may pick it. Nothing else in pacer compares
 backend names (an architecture test checks it): code asks the record (``backends.of(loaded).reduced_head``,
-``backends.get(name).dtypes``). This module imports nothing of pacer's but its errors, so that every layer may ask
-a record.
+``backends.get(name).dtypes``), and loads a model through it (:func:`load_model`). This module imports nothing of
+pacer's but its errors and, as a type, the loaded-model contract (:class:`pacer.models.LoadedModel`, which imports
+no backend), so that every layer above the models may ask a record.
 
 A backend is one file: a :class:`~pacer.decoding.backend.ModelBackend`, a loaded-model class (the contract of
 :class:`pacer.models.LoadedModel`, with ``backend`` set to the record's name), its loader and one
@@ -151,6 +152,15 @@ def check(name: str, *specs: str | None) -> Backend:
     if why := b.missing():
         raise PacerError(why)
     return b
+
+
+def load_model(spec: str, dtype: str = "bfloat16", home: Path | None = None, progress: bool = True,
+               backend: str = "transformers", checked: bool = False) -> LoadedModel:
+    """Load ``spec`` (``default-target``/``default-draft``, a Hugging Face model folder or a ``.gguf`` file) with
+    ``backend``'s loader, checking first that the backend runs it here (``checked``: a resolved
+    :class:`pacer.pair.LoadSpec` has)."""
+    record = get(backend) if checked else check(backend, spec)
+    return record.load(spec, dtype, home, progress)
 
 
 def resolve(name: str, specs: Sequence[str | None], device: str = "cpu", quantize: str = "none",

@@ -37,8 +37,9 @@ from ..cache import EntryLock, Manifest, pacer_home, sweep_stale, write_folder, 
 from ..decoding.backend import Hidden, ModelBackend, Tree
 from ..errors import PacerError
 from ..gguf import DEFAULT_NAMES, gguf_file, gguf_tokenizer
-from ..machine import STORE
+from ..machine import STORE, machine_key
 from ..models import LoadedModel
+from ..timing import token_seconds
 from . import Backend, register
 
 #: the pinned binding (scripts/setup.sh builds it from PyPI's source)
@@ -477,15 +478,14 @@ def requantize(src: Path, out: Path, file_type: str) -> None:
 
 def auto_draft_quant(draft: LoadedModel, reps: int = 5) -> LoadedModel:
     """``--draft-quant auto``: the draft's :data:`DRAFT_TYPE` copy (:func:`draft_copy`) where one draft token on it
-    takes at most :data:`DRAFT_MARGIN` of the draft's as loaded (one new token after ``CONTEXT`` cached, median of
+    takes at most :data:`DRAFT_MARGIN` of the draft's as loaded (:func:`pacer.timing.token_seconds`, median of
     ``reps``), else the draft as loaded (one already of that type too). Timed once per machine, draft, threads and
     runtime; the choice is kept with the calibrations, and the copy is made only where it is chosen or not timed
     yet."""
-    from ..calibration import _machine_key, draft_token_seconds
 
     if draft.extra.get("file_type") == DRAFT_TYPE or "path" not in draft.extra:
         return draft
-    key = {**_machine_key(draft, "draft-quant"), "runtime": _version()}
+    key = {**machine_key("draft-quant", draft), "runtime": _version()}
     cached, _ = STORE.get(key)
     try:
         if cached is not None and cached.get("choice") in (DRAFT_TYPE, "none"):
@@ -496,7 +496,7 @@ def auto_draft_quant(draft: LoadedModel, reps: int = 5) -> LoadedModel:
         print(f"pacer: note: the {DRAFT_TYPE} copy of the draft cannot be written ({write_problem(where, e)}); "
               f"drafting with the file as it is (set PACER_HOME to a folder you can write to have it)", file=sys.stderr)
         return draft
-    times = {kind: draft_token_seconds(m.open(), draft.vocab_size, reps)
+    times = {kind: token_seconds(m.open(), draft.vocab_size, reps)
              for kind, m in (("none", draft), (DRAFT_TYPE, copy))}
     choice = DRAFT_TYPE if times[DRAFT_TYPE] <= DRAFT_MARGIN * times["none"] else "none"
     if note := STORE.keep(key, {"choice": choice, "from": draft.extra.get("file_type"),

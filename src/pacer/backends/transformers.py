@@ -25,8 +25,9 @@ from ..cache import file_sha256, pacer_home, sweep_stale
 from ..decoding.backend import Hidden, ModelBackend, Tree
 from ..errors import PacerError
 from ..gguf import DEFAULT_NAMES, assemble_gguf, cached_conversion, first_line, no_progress_bars
-from ..machine import FORMAT, STORE, cpu_identity
+from ..machine import STORE, machine_key
 from ..models import DTYPES, LoadedModel, folder_fingerprint
+from ..timing import token_seconds
 from . import Backend, of, register
 
 #: restricted LM heads (weight and bias rows) per LM head and row set: a drafter's backend lives for one
@@ -321,9 +322,8 @@ def choose_dtype(device: torch.device | str = "cpu", reps: int = 5, progress: bo
     if dev.type == "cuda":  # native bf16 from Ampere (compute capability 8) on; older GPUs only emulate it
         ok = torch.cuda.get_device_capability(dev)[0] >= 8
         return ("bfloat16", "a CUDA GPU with native bf16") if ok else ("float16", "a CUDA GPU without native bf16")
-    key = {"format": FORMAT, "what": "dtype", "dtypes": list(CPU_DTYPES), "margin": DTYPE_MARGIN,
-           "shape": list(DTYPE_SHAPE), "copies": DTYPE_COPIES, "prompt": DTYPE_PROMPT, "chunk": DTYPE_CHUNK,
-           "new": DTYPE_NEW, "threads": torch.get_num_threads(), "cpu": cpu_identity(), "torch": torch.__version__}
+    key = machine_key("dtype", dtypes=list(CPU_DTYPES), margin=DTYPE_MARGIN, shape=list(DTYPE_SHAPE),
+                      copies=DTYPE_COPIES, prompt=DTYPE_PROMPT, chunk=DTYPE_CHUNK, new=DTYPE_NEW)
     cached, _ = STORE.get(key)
     cost = cached.get("cost") if cached is not None else None
     if not (isinstance(cost, dict) and all(isinstance(cost.get(d), float) and cost[d] > 0 for d in CPU_DTYPES)):
@@ -365,23 +365,22 @@ def _dtype_reason(cost: dict) -> str:
 # ------------------------------------------------------------------------------------- draft quant auto
 def choose_draft_quant(draft: LoadedModel, reps: int = 5) -> str:
     """``"int8"`` if the draft's int8 weight-only copy drafts a token at least 10% faster than the draft as loaded
-    on this machine (one new token after ``CONTEXT`` cached, median of ``reps``), else ``"none"``. Measured once
+    on this machine (:func:`pacer.timing.token_seconds`, median of ``reps``), else ``"none"``. Measured once
     per machine, draft and threads, and cached like a calibration."""
     import copy
 
-    from ..calibration import _machine_key, draft_token_seconds
     from ..quantize import available, quantize_int8
 
     if not available() or not of(draft).int8 or draft.model.device.type != "cpu":
         return "none"  # the int8 kernel is a CPU one
-    key = _machine_key(draft, "draft-quant")
+    key = machine_key("draft-quant", draft)
     cached, _ = STORE.get(key)
     if cached is not None and cached.get("choice") in ("int8", "none"):
         return cached["choice"]
     times = {}
     with torch.inference_mode():
         for kind, model in (("none", draft.model), ("int8", quantize_int8(copy.deepcopy(draft.model)))):
-            times[kind] = draft_token_seconds(TransformersBackend(model), draft.vocab_size, reps)
+            times[kind] = token_seconds(TransformersBackend(model), draft.vocab_size, reps)
     choice = "int8" if times["int8"] < 0.9 * times["none"] else "none"
     if note := STORE.keep(key, {"choice": choice, "seconds": {k: round(v, 5) for k, v in times.items()}}):
         print(f"pacer: note: {note}", file=sys.stderr)

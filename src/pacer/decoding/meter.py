@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import NamedTuple
 
+from ..timing import synchronize
 from .backend import ModelBackend, Tree
 
 TARGET, DRAFT = "target", "draft"
@@ -96,8 +97,6 @@ class MeteredBackend:
         context = self.inner.length
         sync = self.inner.device.type != "cpu"
         if sync:
-            from ..devices import synchronize
-
             synchronize(self.inner.device)
         t = time.perf_counter()
         out = fwd(ids, keep=keep, hidden=hidden, tree=tree)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidType, InvalidValue, PacerError
+from ..pair import check_draft_vocab, parse_draft_vocab
 
 if TYPE_CHECKING:
     import torch
@@ -170,30 +171,9 @@ COMMON = (
 )
 #: the draft vocabulary, every drafting method (``Decoder.generate(options={"draft_vocab": ...})``): ``auto``, a
 #: number of most frequent tokens (0: the full vocabulary) or explicit ids; see :mod:`pacer.draftvocab`
-def _parse_vocab(text: str):
-    from ..draftvocab import parse
-
-    return parse(text)
-
-
-def _check_vocab(value: Any) -> Any:
-    """``auto``, a number of tokens >= 0 or token ids (a sequence of ints)."""
-    if isinstance(value, str):
-        return _parse_vocab(value)
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    try:
-        if not isinstance(value, (bool, int, float)) and all(int(i) == i for i in value):
-            return value
-    except (TypeError, ValueError):
-        pass
-    raise InvalidValue(f"draft_vocab must be auto, a number of tokens (0: the full vocabulary) or token ids, got "
-                       f"{value!r}")
-
-
 DRAFT_VOCAB = Option("draft_vocab", object, "draft from the S most frequent tokens and the prompt's (0: the full "
-                     "vocabulary; auto: the decoder's default)", to="drafter", parser=_parse_vocab,
-                     validate=_check_vocab)
+                     "vocabulary; auto: the decoder's default)", to="drafter", parser=parse_draft_vocab,
+                     validate=check_draft_vocab)
 
 #: flags of the settings every generation has (a method option may not take one of them)
 RESERVED_FLAGS = ("--method", "--max-new-tokens", "--temperature", "--top-k", "--top-p", "--seed", "--stop", "--chat",

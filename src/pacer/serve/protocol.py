@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 from ..errors import PacerError
 from ..methods import path_options
-from ..request import SETTINGS, GenerationRequest, MethodRequest, check_stop
+from ..prompt import check_stop
+from ..request import SETTINGS, GenerationRequest, MethodRequest
 from ..sampling import SamplingConfig
 
 
