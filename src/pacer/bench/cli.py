@@ -526,8 +526,7 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
             from .methods import ANCHOR, anchor_spec
 
             decoders[ANCHOR] = anchor
-            specs = [*specs, anchor_spec()]
-            methods_text += f",{ANCHOR}"
+            specs = [*specs, anchor_spec()]  # run unless --no-anchor: the recorded command needs no method for it
     if not args.quick and dec.pair.record.dtypes:
         args.dtype = dtype  # the recorded command names the dtype that ran, not "auto" (a rerun elsewhere may differ)
     config = {
