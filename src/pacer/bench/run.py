@@ -218,8 +218,7 @@ def _with_anchor(args: argparse.Namespace, dec, specs: list, methods_text: str) 
             from .methods import ANCHOR, anchor_spec
 
             decoders[ANCHOR] = anchor
-            specs = [*specs, anchor_spec()]
-            methods_text += f",{ANCHOR}"
+            specs = [*specs, anchor_spec()]  # run unless --no-anchor: the recorded command needs no method for it
     return decoders, specs, methods_text
 
 
