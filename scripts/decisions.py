@@ -36,6 +36,12 @@ PROMPTS = [
 ]
 
 
+#: the default pair also gets a grounded prompt: code to edit, whose answer copies most of it (phrase rounds)
+REAL_EDIT = (True, "Rename the variable `total` to `acc` in this function and print nothing else:\n\n"
+                   "def mean(values):\n    total = 0\n    for v in values:\n        total += v\n"
+                   "    if not values:\n        return 0.0\n    return total / len(values)\n")
+
+
 def tiny_costs() -> dict:
     """Three cost curves for the tiny pairs (seconds; only ratios matter)."""
     from pacer.costs import Costs
@@ -138,12 +144,17 @@ def run_real(backend: str, max_new_tokens: int = 64) -> dict:
     profile = {"llamacpp": "zen4-avx512bf16-llamacpp-q4km.json",
                "transformers": "zen4-avx512bf16-transformers-bf16.json"}[backend]
     fixed_checks()
-    dec = Decoder.from_pretrained(backend=backend, progress=False)
+    # every automatic choice fixed (each times this machine): bf16, the int8 draft on PyTorch, the draft's own
+    # encoding on llama.cpp
+    tf = backend == "transformers"
+    dec = Decoder.from_pretrained(backend=backend, dtype="bfloat16" if tf else "auto",
+                                  draft_quant="int8" if tf else "none", draft_vocab=32768 if tf else None,
+                                  progress=False)
     dec.use_profile(Profile.load(ROOT / "docs" / "profiles" / profile))
     out: dict = {}
     for name in ("pacer", "pacer+ouroboros", "lookup"):
         out[f"{backend}/{name}"] = [generation_record(dec.generate(p, MethodRequest(name), max_new_tokens, chat=c))
-                                    for c, p in PROMPTS]
+                                    for c, p in PROMPTS + [REAL_EDIT]]
     return out
 
 

@@ -103,9 +103,9 @@ def test_phrase_agreement_is_learnt_per_kind_of_entry(pairs):
     policy = CostAwarePolicy(FixedPolicy(gamma=4), curve)
     d = drafter(pairs["same"], sources=(), warm_start=False)
     d.pool = pool
-    assert d._phrase_len(policy.pricer, 1, 4, ("lookahead", 2)) == 0
-    assert d._phrase_len(policy.pricer, 1, 4, ("output", 2)) == 3  # to k = 4: dear beyond (test_costs)
-    assert d._phrase_len(policy.pricer, 1, 4) > 0  # the overall rate alone would check the poor kind's phrases too
+    assert d.pool.check_len(policy.pricer, 1, 4, ("lookahead", 2)) == 0
+    assert d.pool.check_len(policy.pricer, 1, 4, ("output", 2)) == 3  # to k = 4: dear beyond (test_costs)
+    assert d.pool.check_len(policy.pricer, 1, 4) > 0  # the overall rate alone would check the poor kind's phrases too
 
     dec = pairs["same"]
     ids = dec.encode(PROMPTS[0])

@@ -102,6 +102,43 @@ class PhraseTally:
         self.phrase_hits: Counter = Counter()  # draft phrases with >= 1 kept token, by the entry's source
         self.candidate_hits: Counter = Counter()  # accepted branches, by source (``leftover``: cut phrase)
 
+    def phrase_checked(self, kept: int, hit: str | None) -> None:
+        """A phrase the draft checked in a forward: ``kept`` of its tokens drafted; ``hit``: the pool entry's
+        source where the draft agreed with its first token."""
+        self.counts["phrase_forwards"] += 1
+        self.counts["phrase_tokens"] += kept
+        if hit is not None:
+            self.phrase_hits[hit] += 1
+
+    def observe(self, draft: Draft, phrase_round: bool, origins: list[Origin], pool: PhrasePool) -> None:
+        """What a verified round's phrases and branches did (``origins``: each branch's, a pool entry touched where
+        it was accepted)."""
+        c = self.counts
+        if phrase_round:  # a phrase verified alone (SourceChoice)
+            c["phrase_round_tokens"] += sum(len(b) for b in draft.branches)
+            c["phrase_round_accepted"] += len(draft.extension)
+            if draft.extension and origins and origins[0] is not None:
+                self.candidate_hits[pool.touch(*origins[0])] += 1
+        elif not draft.tokens:  # a round of pool continuations alone (Branches.for_pool_round)
+            if draft.branches:
+                c["pool_rounds"] += 1
+                c["pool_tokens"] += sum(len(b) for b in draft.branches)
+                c["pool_accepted_tokens"] += len(draft.extension)
+                if draft.extension and 0 <= draft.branch < len(origins):
+                    self.candidate_hits[pool.touch(*origins[draft.branch])] += 1
+        elif draft.branches:
+            c["candidate_rounds"] += 1
+            c["candidates"] += len(draft.branches)
+            c["candidate_tokens"] += sum(len(b) for b in draft.branches)
+            if draft.extension and draft.anchor(draft.branch) < len(draft.tokens):
+                c["siblings_accepted"] += 1
+            elif draft.extension:
+                c["candidate_accepted_rounds"] += 1
+                c["candidate_accepted_tokens"] += len(draft.extension)
+                item = origins[draft.branch] if 0 <= draft.branch < len(origins) else None
+                self.candidate_hits["leftover" if item is None else item if item == LOOKUP
+                                    else pool.touch(*item)] += 1
+
     def report(self, pool: PhrasePool, branches: Branches, sources: tuple[str, ...]) -> dict:
         c = self.counts
         return {
@@ -255,7 +292,7 @@ class PhraseDrafter(TokenDrafter):
             found = self._timed(self.pool.lookup, ctx, 1) if room > 1 else []
             key, phrase = found[0] if found else ((), ())
             kind = self.pool.kind(key, phrase) if found else None
-            phrase = list(phrase[: self._phrase_len(pricer, len(pending), min(room - 1, len(phrase)), kind)])
+            phrase = list(phrase[: self.pool.check_len(pricer, len(pending), min(room - 1, len(phrase)), kind)])
             start = self.backend.length + len(pending)  # cache length once pending is in
             # read before the next forward: the logits may be a view of the backend's memory
             logits, hidden = self.backend.forward_view(pending + phrase, hidden=p.layers is not None,
@@ -267,18 +304,19 @@ class PhraseDrafter(TokenDrafter):
             if not phrase:  # no phrase checked: the draft's own token, its argmax found with its features
                 p.add(None, None, hidden, len(pending) - 1, ids=ids, logits=rows[0])
                 continue
-            kept, k, new = self._check_phrase(p, phrase, kind, rows, ids, hidden, len(pending))
+            kept, k, new, guess = self._check_phrase(p, phrase, kind, rows, ids, hidden, len(pending))
             self.backend.crop(start + min(kept, k))  # keep only kept phrase tokens in the cache
-            self._count_phrase(key, found[0][1], ctx, phrase, new, kept, k)
+            self._count_phrase(key, found[0][1], ctx, phrase, guess, kept, k)
             if kept < len(new):
                 self._leftover = new[kept:]  # agreed by the draft but cut by the policy / budget
                 break
         return p.draft()
 
     def _check_phrase(self, p: Proposal, phrase: list[int], kind, rows, ids, hidden,
-                      fed: int) -> tuple[int, int, list[int]]:
-        """The draft's verdict on a checked ``phrase``: it agrees with its first ``k`` tokens, and its own greedy
-        tokens ``new`` (those ``k`` and its next one) are added while the policy goes on (``kept`` of them)."""
+                      fed: int) -> tuple[int, int, list[int], list[int]]:
+        """The draft's verdict on a checked ``phrase``: its argmax ``guess`` at every row agrees with the phrase's
+        first ``k`` tokens, and its own greedy tokens ``new`` (those ``k`` and its next one) are added while the
+        policy goes on (``kept`` of them)."""
         at = argmax(rows)
         guess = at if ids is None else ids[at].tolist()
         k = 0
@@ -293,81 +331,29 @@ class PhraseDrafter(TokenDrafter):
             p.add(None, x, hidden, fed - 1 + j, phrase=j < k, index=at[j] if ids is not None else None, ids=ids,
                   logits=rows[j])
             kept += 1
-        self._guess = guess
-        return kept, k, new
+        return kept, k, new, guess
 
-    def _count_phrase(self, key, cont, ctx: list[int], phrase: list[int], new: list[int], kept: int, k: int) -> None:
+    def _count_phrase(self, key, cont, ctx: list[int], phrase: list[int], guess: list[int], kept: int,
+                      k: int) -> None:
         """Tally a checked phrase, and learn the draft's Jacobi iterate where it disagreed (its argmax at every
         position from the first disagreement on)."""
-        c = self.tally.counts
-        c["phrase_forwards"] += 1
-        c["phrase_tokens"] += min(kept, k)
-        if k:
-            self.tally.phrase_hits[self.pool.touch(key, cont)] += 1
+        self.tally.phrase_checked(min(kept, k), self.pool.touch(key, cont) if k else None)
         if k < len(phrase):
             tail = (ctx + phrase[:k])[-self.pool.key_len :]
-            self._timed(self._learn, tail + self._guess[k:], "lookahead", first_cont=len(tail), partial=True)
-
-    #: where phrases do not pay, one lookup in this many still checks a one-token phrase (so that the agreement
-    #: estimate keeps learning)
-    EXPLORE = 16
-
-    def _phrase_len(self, pricer: Pricer, fed: int, most: int, kind: tuple[str, int] | None = None) -> int:
-        """The longest phrase worth checking in a draft forward that reads ``fed`` unread tokens (at most
-        ``most``, of an entry of ``kind``): the pricer prices it (:meth:`pacer.pricing.Pricer.phrase_room`) from
-        the pool's learned agreement for that kind; where none pays, a one-token check now and then keeps the
-        estimate learning."""
-        if most <= 0:
-            return 0
-        n = pricer.phrase_room(fed, self.pool.agreement(most, kind))
-        if n > 0:
-            self.pool.skipped = 0
-            return n
-        self.pool.skipped += 1
-        if self.pool.skipped >= self.EXPLORE:
-            self.pool.skipped = 0
-            return 1
-        return 0
+            self._timed(self._learn, tail + guess[k:], "lookahead", first_cont=len(tail), partial=True)
 
     def observe(self, tokens: list[int], target_argmax: list[int], accepted: int) -> None:
-        draft, n, c = self._last, accepted, self.tally.counts
+        draft, n = self._last, accepted
         if draft is None:
             return
-        if self._phrase_round:  # a phrase verified alone (SourceChoice)
-            c["phrase_round_tokens"] += sum(len(b) for b in draft.branches)
-            c["phrase_round_accepted"] += len(draft.extension)
-            if draft.extension and self._origins and self._origins[0] is not None:
-                self.tally.candidate_hits[self.pool.touch(*self._origins[0])] += 1
-            return
-        if not draft.tokens:  # a round of pool continuations alone (Branches.for_pool_round)
-            if draft.branches:
-                c["pool_rounds"] += 1
-                c["pool_tokens"] += sum(len(b) for b in draft.branches)
-                c["pool_accepted_tokens"] += len(draft.extension)
-                if draft.extension and 0 <= draft.branch < len(self._origins):
-                    self.tally.candidate_hits[self.pool.touch(*self._origins[draft.branch])] += 1
+        self.tally.observe(draft, self._phrase_round, self._origins, self.pool)
+        if self._phrase_round or not draft.tokens:  # a phrase verified alone, or pool continuations alone
             return
         if (found := rejection_phrase(tokens, draft.tokens, target_argmax, n, self.pool.key_len)) is not None:
             self._learn(found[0], "verify", first_cont=found[1], partial=True)
         st = draft.state
         if self.options.siblings and st.temperature == 0 and n < len(st.second_token) and n < len(target_argmax):
             self.branches.sibling_rate.update(sibling_estimates(st)[n], target_argmax[n] == st.second_token[n])
-        if draft.branches:
-            self._count_branches(draft)
-
-    def _count_branches(self, draft: Draft) -> None:
-        c = self.tally.counts
-        c["candidate_rounds"] += 1
-        c["candidates"] += len(draft.branches)
-        c["candidate_tokens"] += sum(len(b) for b in draft.branches)
-        if draft.extension and draft.anchor(draft.branch) < len(draft.tokens):
-            c["siblings_accepted"] += 1
-        elif draft.extension:
-            c["candidate_accepted_rounds"] += 1
-            c["candidate_accepted_tokens"] += len(draft.extension)
-            item = self._origins[draft.branch] if 0 <= draft.branch < len(self._origins) else None
-            self.tally.candidate_hits["leftover" if item is None else item if item == LOOKUP
-                                      else self.pool.touch(*item)] += 1
 
     def finish(self) -> None:
         if self.pool_file is not None:

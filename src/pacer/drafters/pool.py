@@ -31,6 +31,7 @@ from pathlib import Path
 
 from ..errors import PacerError
 from ..io import atomic_write_text
+from ..pricing import Pricer
 
 SOURCES = ("prompt", "output", "verify", "lookahead")
 Key = tuple[int, ...]
@@ -57,7 +58,7 @@ class PhrasePool:
         #: draft's agreement: on the default pair the draft agreed with the first token of 10% of lookahead guesses
         #: and of 54% of output phrases found by a 2-token key (an ad hoc count on 8 held-out questions)
         self.agreed_by: dict[tuple[str, int], list[list[int]]] = {}
-        self.skipped = 0  # lookups left out since the last phrase check (see PhraseDrafter._phrase_len)
+        self.skipped = 0  # lookups left out since the last phrase check (see check_len)
         #: what each phrase source would have yielded, over the generations that used this pool
         #: (:class:`pacer.drafters.sources.SourceEvidence`; made by the first drafter that chooses sources)
         self.evidence = None
@@ -90,6 +91,27 @@ class PhrasePool:
             for row in rows:
                 row[j][1] += 1
                 row[j][0] += j < agreed
+
+    #: where phrases do not pay, one lookup in this many still checks a one-token phrase (so that the agreement
+    #: estimate keeps learning)
+    EXPLORE = 16
+
+    def check_len(self, pricer: Pricer, fed: int, most: int, kind: tuple[str, int] | None = None) -> int:
+        """The longest phrase worth checking in a draft forward that reads ``fed`` unread tokens (at most
+        ``most``, of an entry of ``kind``): ``pricer`` prices it (:meth:`pacer.pricing.Pricer.phrase_room`) from
+        the learned agreement for that kind; where none pays, a one-token check now and then keeps the estimate
+        learning."""
+        if most <= 0:
+            return 0
+        n = pricer.phrase_room(fed, self.agreement(most, kind))
+        if n > 0:
+            self.skipped = 0
+            return n
+        self.skipped += 1
+        if self.skipped >= self.EXPLORE:
+            self.skipped = 0
+            return 1
+        return 0
 
     def kind(self, key: Key, cont: Key) -> tuple[str, int]:
         """An entry's kind for :meth:`agreement`: the source that added it last and its key's length."""
