@@ -132,7 +132,8 @@ class Decoder:
                 autoregressive_generate(self.target, ids, out, sampling, stats)
             else:
                 drafter = drafter or self.make_drafter(req)
-                policy = policy or self.make_policy(req, drafter.vocab_rows())
+                policy = policy or self.make_policy(req, drafter.vocab_rows(),
+                                                    "token" if sampling.greedy else sampling.verify)
                 policy.prepare(sampling.greedy)
                 if policy.needs_reference:
                     if reference is None:
