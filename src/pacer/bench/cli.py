@@ -13,14 +13,16 @@ import sys
 from pathlib import Path
 
 from .. import backends
-from ..args import add_model_args
+from ..args import add_model_args, add_verify_arg
 from ..errors import PacerError
 
 DEFAULT_METHODS = ("ar,sd:gamma=4,heuristic,confidence,entropy,oracle,hf-assisted,"
                    "hf-assisted:schedule=heuristic")
 #: settings that must match when a run is resumed (the rest - methods, questions, repeats - may grow)
 PINNED = ("target", "draft", "target_fingerprint", "draft_fingerprint", "dtype", "threads", "max_new_tokens",
-          "quick", "draft_vocab", "target_weights", "draft_weights", "backend", "temperature", "seed")
+          "quick", "draft_vocab", "target_weights", "draft_weights", "backend", "temperature", "seed", "verify")
+#: what a run made before a pinned setting existed ran with (a missing one is taken as this when resumed)
+BEFORE = {"draft_vocab": 0, "backend": "transformers", "verify": "token"}
 
 
 def register(subparsers) -> None:
@@ -58,6 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="0 (default): greedy, every output checked against ar's token by token; > 0: sampling, "
                         "each turn a seeded draw (the same seed for every method), not compared token by token")
     p.add_argument("--seed", type=int, default=0, help="base seed of --temperature > 0 (per question/repeat/turn)")
+    add_verify_arg(p, "token; a method spec's verify=token|block chooses its own, so both rules run interleaved "
+                      "in one bench, e.g. --methods ar,sd,sd:verify=block")
     p.add_argument("--out", type=Path, required=True, help="output folder")
     p.add_argument("--resume", action="store_true", help="continue a run in --out, skipping finished records")
     p.add_argument("--report-only", action="store_true", help="rebuild the report from --out without models")
@@ -144,6 +148,8 @@ def command_line(args: argparse.Namespace, methods: str) -> str:
     parts += ["--max-new-tokens", str(args.max_new_tokens), "--repeats", str(args.repeats)]
     if args.temperature > 0:
         parts += ["--temperature", str(args.temperature), "--seed", str(args.seed)]
+    if args.verify is not None:
+        parts += ["--verify", args.verify]
     if not args.quick:
         parts += ["--target", args.target, "--draft", args.draft, "--backend", args.backend]
         if backends.get(args.backend).dtypes:
@@ -185,6 +191,9 @@ def _validate(args: argparse.Namespace) -> None:
         raise PacerError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     if args.threads is not None and args.threads <= 0:
         raise PacerError(f"--threads must be >= 1, got {args.threads}")
+    if args.temperature == 0 and args.verify is not None:
+        raise PacerError(f"--verify {args.verify}: greedy decoding (--temperature 0) verifies by exact matching "
+                         f"under either rule; pass --temperature > 0 to compare the rules")
 
 
 def load_questions(args: argparse.Namespace):
@@ -372,6 +381,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     specs = parse_methods(methods_text, validation)  # errors before anything is loaded or written
     args.threshold_notes = [f"`{s.label}`: θ = {chosen[s.name]['threshold']:g} from {chosen[s.name]['checkpoint']}, "
                        f"chosen by {chosen[s.name]['chosen']}" for s in specs if "threshold=validation" in s.label]
+    if args.temperature == 0 and (named := [s.label for s in specs if s.verify is not None]):
+        raise PacerError(f"{', '.join(named)}: greedy decoding (--temperature 0) verifies by exact matching under "
+                         f"either rule; pass --temperature > 0 to compare the rules")
     greedy_only = [s.label for s in specs if s.greedy_only]
     if args.temperature > 0 and greedy_only:
         raise PacerError(f"--temperature {args.temperature}: {', '.join(greedy_only)} decode(s) greedily only (the "
@@ -539,14 +551,13 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
         "draft_weights": dec.draft_info.weights if dec.draft_info else None,
         "backend": dec.backend,
         "temperature": args.temperature, "seed": args.seed if args.temperature > 0 else 0,
+        "verify": args.verify or "token",
     }
     if args.resume and previous:
         for k in PINNED:
-            if k not in previous and k not in ("draft_vocab", "backend"):
+            if k not in previous and k not in BEFORE:
                 continue
-            # runs made before a setting existed: the full vocabulary, the transformers backend
-            old = previous.get(k) or 0 if k == "draft_vocab" else previous.get(k, "transformers") \
-                if k == "backend" else previous[k]
+            old = previous.get(k) or 0 if k == "draft_vocab" else previous.get(k, BEFORE.get(k))
             if old != config[k]:
                 hint = ""
                 if k == "draft_weights" and isinstance(old, str):
@@ -622,7 +633,8 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
     _write_meta(out, meta)
     from ..sampling import SamplingConfig
 
-    sampling = SamplingConfig(args.temperature, seed=args.seed) if args.temperature > 0 else None
+    sampling = SamplingConfig(args.temperature, seed=args.seed, verify=args.verify or "token") \
+        if args.temperature > 0 else None
     bench = Bench(dec, specs, questions, out, args.max_new_tokens, args.repeats, args.progress, sampling, clocks,
                   decoders, signed=meta["answers_signed"])
     total, finished = bench.units()
