@@ -932,21 +932,26 @@ def test_quick_sampling_runs_both_verification_rules_interleaved(tmp_path, capsy
     assert "verified by the token rule unless a method names its own" in (out / "report.md").read_text()
     dec = Decoder(*tiny_pair("close"), threads=1)
     qs = {f"{q.dataset}/{q.question_id}": q for q in QUICK_QUESTIONS}
-    differ = 0
-    for r in (r for r in recs if r["method"] != "ar"):
-        q = qs[f"{r['dataset']}/{r['question_id']}"]
-        ids = dec.encode(q.turns[0], chat=q.chat, history=[])
-        draws = {v: dec.generate(ids, "sd", 12, gamma=4, sampling=turn_sampling(SamplingConfig(1.0, seed=3, verify=v),
-                                                                                q, 0, 0)).token_ids
-                 for v in ("token", "block")}
-        assert r["choices"][0]["token_ids"][0] == draws["block" if r["method"].endswith("verify=block") else "token"]
-        differ += draws["token"] != draws["block"]
-    assert differ  # the two rules' draws are told apart
+
+    def check(recs, rule) -> int:
+        """Each sd record is its rule's draw; returns on how many questions the two rules' draws differ."""
+        differ = 0
+        for r in (r for r in recs if r["method"] != "ar"):
+            q = qs[f"{r['dataset']}/{r['question_id']}"]
+            ids = dec.encode(q.turns[0], chat=q.chat, history=[])
+            draws = {v: dec.generate(ids, "sd", 12, gamma=4, sampling=turn_sampling(
+                SamplingConfig(1.0, seed=3, verify=v), q, 0, 0)).token_ids for v in ("token", "block")}
+            assert r["choices"][0]["token_ids"][0] == draws[rule(r["method"])], r["method"]
+            differ += draws["token"] != draws["block"]
+        return differ
+
+    assert check(recs, lambda m: "block" if m.endswith("verify=block") else "token")  # the rules' draws differ
     out = tmp_path / "global"
     argv = [*base, "--out", str(out), "--methods", "ar,sd:gamma=4", "--temperature", "1.0", "--seed", "3"]
     assert main([*argv, "--verify", "block"]) == 0
     meta = json.loads((out / "run.json").read_text())
     assert meta["verify"] == "block" and "--verify block" in meta["command"]
+    assert check(rec_io.read_answers(out / "answers.jsonl")[0], lambda m: "block")
     assert main([*argv, "--resume"]) == 2 and "verify='block'" in capsys.readouterr().err
     for greedy in (["--verify", "block"], ["--methods", "ar,sd:verify=block"]):
         assert main([*base, "--out", str(tmp_path / "g"), *greedy]) == 2
