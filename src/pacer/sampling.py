@@ -1,4 +1,4 @@
-"""Logit warping, sampling and the two verification rules of speculative decoding.
+"""Logit warping, sampling and the verification rules of speculative decoding.
 
 Terms (one round, one sequence):
 
@@ -14,6 +14,8 @@ Greedy verification keeps the longest prefix where ``d_{i+1} == argmax p[i]`` an
 is token for token the target's greedy output. Sampling verification (Leviathan et al. 2023; Chen et al. 2023)
 accepts ``d_{i+1}`` with probability ``min(1, p[i][d] / q[i][d])`` and otherwise emits a sample from the normalised
 residual ``max(0, p[i] - q[i])``: every emitted token is distributed exactly as the target's warped distribution.
+Block verification (Sun et al., ICLR 2025; :func:`verify_block`, ``SamplingConfig(verify="block")``) decides on the
+draft jointly: the same distribution, and at least as many accepted tokens a round in expectation.
 
 Devices: sampling happens where the generator is, which the loop makes on the target's device
 (:meth:`SamplingConfig.generator`), so the probabilities are not copied to the host; a drafter may propose ``q`` on
