@@ -202,6 +202,24 @@ def test_parse_methods():
             parse_methods(bad)
 
 
+def test_a_spec_names_its_verification_rule():
+    """``verify=`` is the runs' sampling rule, not a method option: the request leaves it out, the runs' sampling
+    takes it (the bench's own otherwise); a method that verifies no draft and an unknown rule are refused."""
+    from pacer.sampling import SamplingConfig
+
+    ar, sd, block = parse_methods("sd:gamma=3,sd:gamma=3:verify=block")
+    assert block.label == "sd:gamma=3:verify=block" and block.verify == "block" and sd.verify is None
+    assert block.request().to_dict() == sd.request().to_dict() == {"method": "sd", "gamma": 3}
+    bench = SamplingConfig(0.7, seed=3)
+    assert block.sampling(bench) == SamplingConfig(0.7, seed=3, verify="block") and sd.sampling(bench) is bench
+    assert block.sampling(None) is None
+    for bad, words in [("ar:verify=block", "ar verifies no draft"),
+                       ("hf-assisted:verify=block", "hf-assisted verifies no draft"),
+                       ("sd:verify=blocks", "verify must be one of token, block, got 'blocks'")]:
+        with pytest.raises(PacerError, match=words):
+            parse_methods(bad)
+
+
 def test_drafter_options_only_for_phrase_methods():
     assert parse_methods("ouroboros:ngram=4")[1].request().options == {"ngram": 4}
     for bad in ("sd:ngram=4", "heuristic:candidates=1", "pacer:pool_size=10"):
@@ -892,6 +910,53 @@ def test_quick_sampling_mode(tmp_path, capsys):
     assert drawn == 2 and greedy < 2  # the seeded draws, not greedy answers
     assert main([*argv[:-4], "--temperature", "1.0", "--seed", "3", "--resume"]) == 2
     assert "temperature=0.7" in capsys.readouterr().err
+
+
+def test_quick_sampling_runs_both_verification_rules_interleaved(tmp_path, capsys):
+    """``sd`` and ``sd:verify=block`` in one sampled bench: each record is the draw of its own rule
+    (``Decoder.generate`` with the turn's seed and that rule); ``--verify block`` makes block every method's rule
+    (recorded in run.json and the command, pinned on resume); greedy runs refuse either (exact matching there)."""
+    from pacer.api import Decoder
+    from pacer.bench.data import QUICK_QUESTIONS
+    from pacer.bench.runner import turn_sampling
+    from pacer.sampling import SamplingConfig
+    from pacer.tiny import tiny_pair
+
+    base = ["bench", "--quick", "--n", "2", "--max-new-tokens", "12", "--no-progress"]
+    out = tmp_path / "both"
+    assert main([*base, "--out", str(out), "--methods", "ar,sd:gamma=4,sd:gamma=4:verify=block",
+                 "--temperature", "1.0", "--seed", "3"]) == 0
+    recs, _ = rec_io.read_answers(out / "answers.jsonl")
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["verify"] == "token" and "--verify" not in meta["command"]
+    assert "verified by the token rule unless a method names its own" in (out / "report.md").read_text()
+    dec = Decoder(*tiny_pair("close"), threads=1)
+    qs = {f"{q.dataset}/{q.question_id}": q for q in QUICK_QUESTIONS}
+
+    def check(recs, rule) -> int:
+        """Each sd record is its rule's draw; returns on how many questions the two rules' draws differ."""
+        differ = 0
+        for r in (r for r in recs if r["method"] != "ar"):
+            q = qs[f"{r['dataset']}/{r['question_id']}"]
+            ids = dec.encode(q.turns[0], chat=q.chat, history=[])
+            draws = {v: dec.generate(ids, "sd", 12, gamma=4, sampling=turn_sampling(
+                SamplingConfig(1.0, seed=3, verify=v), q, 0, 0)).token_ids for v in ("token", "block")}
+            assert r["choices"][0]["token_ids"][0] == draws[rule(r["method"])], r["method"]
+            differ += draws["token"] != draws["block"]
+        return differ
+
+    assert check(recs, lambda m: "block" if m.endswith("verify=block") else "token")  # the rules' draws differ
+    out = tmp_path / "global"
+    argv = [*base, "--out", str(out), "--methods", "ar,sd:gamma=4", "--temperature", "1.0", "--seed", "3"]
+    assert main([*argv, "--verify", "block"]) == 0
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["verify"] == "block" and "--verify block" in meta["command"]
+    assert check(rec_io.read_answers(out / "answers.jsonl")[0], lambda m: "block")
+    assert main([*argv, "--resume"]) == 2 and "verify='block'" in capsys.readouterr().err
+    for greedy in (["--verify", "block"], ["--methods", "ar,sd:verify=block"]):
+        assert main([*base, "--out", str(tmp_path / "g"), *greedy]) == 2
+        assert "greedy decoding (--temperature 0) verifies by exact matching" in capsys.readouterr().err
+    assert not (tmp_path / "g").exists()
 
 
 def test_quick_profile_clock(tmp_path, capsys):

@@ -235,7 +235,8 @@ def test_gguf_hash_mismatch_exit_2(capsys, pair, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(
     "argv",
-    [["generate"], ["generate", "x", "--dtype", "int4"], ["generate", "x", "--gamma", "two"], ["frobnicate"]],
+    [["generate"], ["generate", "x", "--dtype", "int4"], ["generate", "x", "--gamma", "two"], ["frobnicate"],
+     ["generate", "x", "--verify", "blocks"]],
 )
 def test_argparse_errors_exit_2(capsys, argv):
     with pytest.raises(SystemExit) as e:
@@ -273,6 +274,20 @@ def test_demo_refuses_sampling_flags_it_would_ignore(capsys, pair):
     rc, out, err = run(capsys, pair, "demo", "--temperature", "0.7", "--stop", "x")
     assert rc == 2 and err.startswith("pacer: error: pacer demo decodes greedily") and "--temperature, --stop" in err
     assert out == ""
+    rc, out, err = run(capsys, pair, "demo", "--verify", "block")
+    assert rc == 2 and "takes no --verify" in err and out == ""
+
+
+def test_generate_verify_block(capsys, pair):
+    """``--verify block`` samples with block verification: seeded draws are reproducible and are not the token-level
+    rule's draws of the same seed; greedy output is the same under either rule."""
+    sampling = ["--temperature", "1.0", "--seed", "4", "--max-new-tokens", "24", "--gamma", "4"]
+    token = gen_json(capsys, pair, PROMPT, *sampling)
+    block, again = (gen_json(capsys, pair, PROMPT, *sampling, "--verify", "block") for _ in range(2))
+    assert block["token_ids"] == again["token_ids"] != token["token_ids"]
+    greedy = ["--max-new-tokens", "16", "--gamma", "4"]
+    assert gen_json(capsys, pair, PROMPT, *greedy, "--verify", "block")["token_ids"] == \
+        gen_json(capsys, pair, PROMPT, *greedy)["token_ids"]
 
 
 def test_non_utf8_stdin_is_a_one_line_error(capsys, pair, monkeypatch):

@@ -238,16 +238,32 @@ def test_every_method_is_greedy_exact_on_the_device(decoders, device, method):
 @pytest.mark.parametrize("device", DEVICES)
 def test_sampling_is_seeded_on_the_device(decoders, device):
     dec = decoders(device)
-    s = SamplingConfig(temperature=0.8, top_k=50, top_p=0.9, seed=7)
-    for method in ("sd", "lookup", "ouroboros"):
-        a = dec.generate(PROMPTS[0], method, max_new_tokens=16, sampling=s, cost_aware=False).token_ids
-        assert dec.generate(PROMPTS[0], method, max_new_tokens=16, sampling=s, cost_aware=False).token_ids == a
+    for verify in ("token", "block"):
+        s = SamplingConfig(temperature=0.8, top_k=50, top_p=0.9, seed=7, verify=verify)
+        for method in ("sd", "lookup", "ouroboros"):
+            a = dec.generate(PROMPTS[0], method, max_new_tokens=16, sampling=s, cost_aware=False).token_ids
+            assert dec.generate(PROMPTS[0], method, max_new_tokens=16, sampling=s, cost_aware=False).token_ids == a
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_block_verification_makes_what_it_reads_on_the_device(decoders, device):
+    """Block verification's weights, uniforms and residuals are made where the probabilities are: the same output
+    under the guard as without it."""
+    dec = decoders(device)
+    s = SamplingConfig(temperature=0.9, top_k=40, seed=5, verify="block")
+
+    def run(guard: bool) -> list[int]:
+        with guarded(dec) if guard else contextlib.nullcontext():
+            return dec.generate(PROMPTS[0], "sd", max_new_tokens=16, sampling=s, cost_aware=False).token_ids
+
+    assert run(True) == run(False)
 
 
 @needs_cuda
 @pytest.mark.parametrize("draft,cfg", [("sharp", SamplingConfig(temperature=1.0, top_k=4)),
-                                       ("negated", SamplingConfig(temperature=0.8, top_p=0.7))],
-                         ids=["sharp-k4", "negated-p0.7"])
+                                       ("negated", SamplingConfig(temperature=0.8, top_p=0.7)),
+                                       ("negated", SamplingConfig(temperature=1.0, verify="block"))],
+                         ids=["sharp-k4", "negated-p0.7", "negated-block"])
 def test_sampling_matches_the_target_distribution_on_cuda(draft, cfg):
     """The end-to-end chi-square test of ``tests/test_sampling.py`` (two of its cases) with the pair and the
     generator on CUDA."""

@@ -167,6 +167,21 @@ def test_sampling_runs_and_is_seeded(dec):
     assert a.stats.draft_tokens > 0
 
 
+def test_block_verification_runs_on_llamacpp(dec):
+    """Block verification through the same loop on llama.cpp's kernels: seeded draws reproducible, other draws than
+    token-level's of the same seed, drafts accepted; greedy output unchanged (exact matching under either rule)."""
+    from pacer.sampling import SamplingConfig
+
+    runs = {v: [dec.generate(PROMPTS[0], "sd", max_new_tokens=24, gamma=4,
+                             sampling=SamplingConfig(1.0, seed=s, verify=v)) for s in (3, 3, 4, 5)]
+            for v in ("token", "block")}
+    a, b, *_ = runs["block"]
+    assert a.token_ids == b.token_ids and a.stats.accepted_tokens > 0
+    assert [r.token_ids for r in runs["block"]] != [r.token_ids for r in runs["token"]]
+    ar = dec.generate(PROMPTS[1], "ar", max_new_tokens=20).token_ids
+    assert dec.generate(PROMPTS[1], "sd", max_new_tokens=20, sampling=SamplingConfig(verify="block")).token_ids == ar
+
+
 def test_reduced_draft_vocabulary_is_refused(dec):
     with pytest.raises(PacerError, match="whole vocabulary"):
         dec.generate(PROMPTS[0], "sd", max_new_tokens=4, options={"draft_vocab": 64})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from conftest import FLAT
@@ -66,16 +67,17 @@ def test_lookup_runs_without_a_draft_model(tmp_path, capsys):
     assert rc == 0 and json.loads(capsys.readouterr().out)["stats"]["method"] == "lookup"
 
 
-def test_lookup_sampling_matches_the_target_distribution():
-    """A deterministic proposal (``q`` one-hot at the looked-up token) under rejection sampling: the joint
-    distributions of the first two tokens and of the two the first drafting round gives are the target's exactly
-    (chi-square over 2500 seeds)."""
+@pytest.mark.parametrize("verify", ["token", "block"])
+def test_lookup_sampling_matches_the_target_distribution(verify):
+    """A deterministic proposal (``q`` one-hot at the looked-up token) under rejection sampling, token by token or
+    block verification: the joint distributions of the first two tokens and of the two the first drafting round
+    gives are the target's exactly (chi-square over 2500 seeds)."""
     target = _small_target()
     dec = Decoder(TransformersModel(target, None, "t", "t", torch.float32), None, threads=1)
     dec.eos.clear()
     # every id once, in order, then 0..3: whatever the prefill's token a, the lookup proposes a+1 a+2 after it
     prompt = list(range(SMALL_VOCAB)) + [0, 1, 2, 3]
-    cfg = SamplingConfig(temperature=1.0)
+    cfg = SamplingConfig(temperature=1.0, verify=verify)
     counts, drafted_counts, drafted, accepted = sample_first_tokens(dec, prompt, "lookup", cfg, 2500)
     assert drafted >= 2 * 2500 and accepted > 0  # the first drafting round always drafts two looked-up tokens
     assert chi2_pvalue(counts, exact_joint(target, prompt, cfg)) > 1e-3

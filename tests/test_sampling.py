@@ -12,6 +12,7 @@ with a p-value far below ``ALPHA`` at these sample sizes.
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -273,7 +274,7 @@ def sample_first_tokens(dec: Decoder, prompt: list[int], method: str, cfg: Sampl
     c23 = np.zeros_like(c12)
     drafted = accepted = 0
     for s in range(seeds):
-        c = SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p, seed=s)
+        c = dataclasses.replace(cfg, seed=s)  # its verification rule too
         x = dec.generate(prompt, method, max_new_tokens=4, gamma=2, sampling=c, **kw)
         c12[x.token_ids[0], x.token_ids[1]] += 1
         c23[x.token_ids[1], x.token_ids[2]] += 1

@@ -214,7 +214,29 @@ BAD = {
     "seed past a generator's": (json.dumps({"prompt": "x", "seed": 10**30}).encode(), "seed must be between"),
     "five stop strings": (json.dumps({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}).encode(),
                           "up to 4"),  # OpenAI's limit
+    "unknown verification rule": (json.dumps({"prompt": "x", "pacer": {"verify": "blocks"}}).encode(),
+                                  "pacer.verify must be one of token, block, got 'blocks'"),
 }
+
+
+def test_a_request_chooses_its_verification_rule(server, dec):
+    """``{"pacer": {"verify": "block"}}``: the request's seeded draw is block verification's (``Decoder.generate``
+    with the same seed and rule), and the server's own rule (``--verify``, :class:`Defaults`) where it names none."""
+    from pacer import SamplingConfig
+    from pacer.serve.protocol import Defaults, parse_request
+
+    refs = {v: dec.generate(PROMPTS[0], "sd", max_new_tokens=16, gamma=3,
+                            sampling=SamplingConfig(0.8, seed=7, verify=v)).text for v in ("token", "block")}
+    assert refs["token"] != refs["block"]  # both valid draws, not the same ones: the rule is seen
+    for v in ("token", "block"):
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 16, "temperature": 0.8,
+                                                             "seed": 7, "pacer": {"gamma": 3, "verify": v}})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == refs[v], r.text
+    body = {"prompt": "x", "temperature": 0.8}
+    assert parse_request(body, False, Defaults("sd"), "m").sampling.verify == "token"
+    assert parse_request(body, False, Defaults("sd", verify="block"), "m").sampling.verify == "block"
+    body["pacer"] = {"verify": "token"}
+    assert parse_request(body, False, Defaults("sd", verify="block"), "m").sampling.verify == "token"
 
 
 def test_four_stop_strings_are_taken(server):
@@ -264,6 +286,11 @@ def test_pacer_serve_subcommand_end_to_end(tmp_path):
     bad = subprocess.run([*base, "--speculative-config", '{"method": "sd", "num_speculative_tokens": 0}'],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--max-draft must be >= 1" in bad.stderr
+    bad = subprocess.run([*base, "--verify", "token", "--speculative-config", '{"rejection_sample_method": "block"}'],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "pacer: error: --verify token and --speculative-config's rejection_sample_method (verify block) disagree; "
+        "give one"]
     port = free_port()
     env = {**os.environ, "PACER_HOME": str(tmp_path / "home")}
     p = subprocess.Popen([*base, "--port", str(port), "--speculative-config",
@@ -358,3 +385,15 @@ def test_an_option_that_names_a_file_must_say_so():
         register(Method("tmp-method", "x", fixed, options=(Option("cache_dir", str, "x", path=True),)))
     finally:
         unregister("tmp-method")
+
+
+def test_speculative_config_takes_vllms_rejection_sample_method():
+    """vLLM's ``rejection_sample_method`` (``standard`` / ``block``) is pacer's verification rule."""
+    from pacer.errors import PacerError
+    from pacer.serve.cli import speculative_config
+
+    assert speculative_config('{"method": "sd", "rejection_sample_method": "block"}') == {"method": "sd",
+                                                                                         "verify": "block"}
+    assert speculative_config('{"rejection_sample_method": "standard"}') == {"verify": "token"}
+    with pytest.raises(PacerError, match="rejection_sample_method must be one of standard, block, got 'synthetic'"):
+        speculative_config('{"rejection_sample_method": "synthetic"}')

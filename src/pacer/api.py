@@ -107,7 +107,9 @@ class Decoder:
         (:func:`pacer.methods.names`) with ``gamma``, ``min_draft``, ``max_draft``, ``cost_aware`` and ``options``
         (:mod:`pacer.request`: ``gamma`` is the draft length of ``sd``/``ouroboros``, their cap when cost-aware,
         default 4; ``options`` the method's own, e.g. ``threshold``, ``ngram``, ``draft_vocab``; the cost-aware rule
-        is on unless ``gamma`` or a threshold is given); ``max_new_tokens``: 128 by default. ``policy`` /
+        is on unless ``gamma`` or a threshold is given); ``max_new_tokens``: 128 by default; ``sampling``: a
+        :class:`SamplingConfig` (temperature, top-k, top-p, seed and ``verify``, how a sampled round's draft is
+        verified: ``"token"`` or ``"block"``), ``None`` greedy. ``policy`` /
         ``drafter``: use these instead of the method's. ``reference`` (the target's greedy output for this prompt)
         spares a policy that ``needs_reference`` (the oracle) its own plain-decoding run. See
         :class:`GenerationStats`. ``stop``: a stop string or a list of them (one string is one stop string; an
@@ -133,7 +135,8 @@ class Decoder:
                 autoregressive_generate(self.target, ids, out, sampling, stats)
             else:
                 drafter = drafter or self.make_drafter(req)
-                policy = policy or self.make_policy(req, drafter.vocab_rows())
+                policy = policy or self.make_policy(req, drafter.vocab_rows(),
+                                                    "token" if sampling.greedy else sampling.verify)
                 policy.prepare(sampling.greedy)
                 if policy.needs_reference:
                     if reference is None:

@@ -127,8 +127,20 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
+    add_verify_arg(g)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the target's chat template")
+
+
+def add_verify_arg(g, help_default: str = "token") -> None:
+    """``--verify``: the sampling verification rule (:data:`pacer.sampling.VERIFY_RULES`)."""
+    from .sampling import VERIFY_RULES
+
+    g.add_argument("--verify", choices=VERIFY_RULES, default=None,
+                   help="how sampling (--temperature > 0) verifies a round's draft: token (token-level rejection "
+                        "sampling) or block (block verification, Sun et al. 2025: the draft verified jointly, at "
+                        "least as many tokens a round in expectation, the same output distribution); greedy "
+                        f"decoding matches exactly under either (default: {help_default})")
 
 
 def method_options(args: argparse.Namespace) -> dict:
@@ -156,7 +168,7 @@ def cost_aware(args: argparse.Namespace) -> bool | None:
 
 #: settings named in the core's messages -> the flags that set them (the command line speaks in flags)
 SETTINGS = ("max_new_tokens", "temperature", "top_k", "top_p", "gamma", "min_draft", "max_draft", "threads",
-            "draft_vocab", "device")
+            "draft_vocab", "device", "verify")
 
 
 def as_flags(message: str) -> str:
@@ -185,7 +197,8 @@ def check_args(args: argparse.Namespace) -> GenerationRequest:
     request = method_request(args)
     try:
         job = GenerationRequest(request, args.max_new_tokens, SamplingConfig(args.temperature, args.top_k,
-                                                                             args.top_p, args.seed))
+                                                                             args.top_p, args.seed,
+                                                                             args.verify or "token"))
         request.check_files()
     except PacerError as e:
         raise PacerError(as_flags(str(e))) from None

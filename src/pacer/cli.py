@@ -105,6 +105,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     job = check_args(args)
     ignored = [flag for flag, used in (("--temperature", args.temperature != 0.0), ("--top-k", args.top_k != 0),
                                        ("--top-p", args.top_p != 1.0), ("--seed", args.seed != 0),
+                                       ("--verify", args.verify is not None),
                                        ("--stop", bool(args.stop)), ("--chat", args.chat)) if used]
     if ignored:
         raise PacerError(f"pacer demo decodes greedily on its own prompts and takes no {', '.join(ignored)}; "

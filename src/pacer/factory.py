@@ -92,10 +92,11 @@ class MethodFactory:
             return self._draft_rows[draft_vocab]
         return torch.as_tensor(list(draft_vocab), dtype=torch.long, device="cpu")
 
-    def make_policy(self, method: str | MethodRequest, rows: torch.Tensor | None = None,
+    def make_policy(self, method: str | MethodRequest, rows: torch.Tensor | None = None, verify: str = "token",
                     **settings) -> DraftPolicy:
         """The draft-length policy of a :class:`~pacer.request.MethodRequest` (or of a method's name with its
-        settings and options as keywords, :meth:`MethodRequest.of`), for draft vocabulary ``rows``.
+        settings and options as keywords, :meth:`MethodRequest.of`), for draft vocabulary ``rows``, whose rounds
+        ``verify`` verifies (:data:`pacer.sampling.VERIFY_RULES`; greedy decoding's exact matching is ``token``).
 
         Under the cost-aware rule (:attr:`MethodRequest.aware`) the policy is wrapped in the rule of
         :mod:`pacer.policies.cost_aware` on this machine's costs for ``rows``: a rule's threshold gives way to it
@@ -115,12 +116,14 @@ class MethodFactory:
         cal = self.calibration(rows)
         costs = replace(cal.costs, policy_per_check=policy.check_seconds)
         # what the rule learned about this method on this pair carries over to its next generation (keyed by the
-        # drafter's options too: what its branches yield is that drafter's; the vocabulary is in the rows' size)
+        # drafter's options too: what its branches yield is that drafter's; the vocabulary is in the rows' size;
+        # and by the verification rule: block verification keeps other counts than token-level's)
         size = None if rows is None else len(rows)
         bounds = req.bounds
         drafter = sorted((k, v) for k, v in req.drafter_options.items() if k != "draft_vocab")
         key = "|".join(map(str, (req.method, sorted(req.policy_options.items()), drafter, bounds.get("min_draft"),
                                  bounds.get("max_draft"), size, req.gamma, length)))
+        key += "" if verify == "token" else f"|{verify}"
         memory = self._cost_memory.setdefault(key, CostMemory())
         # costs given to the Decoder (or a profile's) are taken as they are; measured ones follow the loop's timings
         return CostAwarePolicy(policy, costs, source=cal.source,

@@ -1,4 +1,4 @@
-"""Logit warping, sampling and the two verification rules of speculative decoding.
+"""Logit warping, sampling and the verification rules of speculative decoding.
 
 Terms (one round, one sequence):
 
@@ -14,6 +14,8 @@ Greedy verification keeps the longest prefix where ``d_{i+1} == argmax p[i]`` an
 is token for token the target's greedy output. Sampling verification (Leviathan et al. 2023; Chen et al. 2023)
 accepts ``d_{i+1}`` with probability ``min(1, p[i][d] / q[i][d])`` and otherwise emits a sample from the normalised
 residual ``max(0, p[i] - q[i])``: every emitted token is distributed exactly as the target's warped distribution.
+Block verification (Sun et al., ICLR 2025; :func:`verify_block`, ``SamplingConfig(verify="block")``) decides on the
+draft jointly: the same distribution, and at least as many accepted tokens a round in expectation.
 
 Devices: sampling happens where the generator is, which the loop makes on the target's device
 (:meth:`SamplingConfig.generator`), so the probabilities are not copied to the host; a drafter may propose ``q`` on
@@ -36,6 +38,9 @@ import torch
 from .errors import InvalidType, InvalidValue
 from .native import row_stats_kernel
 
+#: the verification rules of sampling: token by token (Leviathan et al. 2023) or the block jointly (Sun et al. 2025)
+VERIFY_RULES = ("token", "block")
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -45,6 +50,9 @@ class SamplingConfig:
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+    #: the sampling verification rule (:data:`VERIFY_RULES`): ``"token"`` (:func:`verify_sampling`) or ``"block"``
+    #: (:func:`verify_block`); greedy decoding verifies by exact matching under either (the two agree there)
+    verify: str = "token"
 
     def __post_init__(self) -> None:
         for name, kind in (("temperature", numbers.Real), ("top_k", numbers.Integral), ("top_p", numbers.Real),
@@ -62,6 +70,10 @@ class SamplingConfig:
             raise InvalidValue(f"top_p must be in (0, 1], got {self.top_p}")
         if not -(1 << 63) <= self.seed < 1 << 64:  # what a generator takes
             raise InvalidValue(f"seed must be between -2**63 and 2**64 - 1, got {self.seed}")
+        if not isinstance(self.verify, str):
+            raise InvalidType(f"verify must be one of {', '.join(VERIFY_RULES)}, got {self.verify!r}")
+        if self.verify not in VERIFY_RULES:
+            raise InvalidValue(f"verify must be one of {', '.join(VERIFY_RULES)}, got {self.verify!r}")
 
     @property
     def greedy(self) -> bool:
@@ -169,6 +181,70 @@ def verify_sampling(
         # total == 0 only when p == q up to rounding, where rejection has probability ~0: fall back to p.
         return i, draw(residual if total > 0 else p[i], gen)
     return len(draft), draw(p[len(draft)], gen)
+
+
+def block_weights(pd: list[float], qd: list[float]) -> list[float]:
+    """Block verification's weights ``w_1..w_γ`` from the draft tokens' ``p`` and ``q`` (``pd[i - 1]``,
+    ``qd[i - 1]`` are ``p_i(X_i)``, ``q_i(X_i)``): ``w_0 = 1``, ``w_i = min(w_{i-1} · p_i(X_i) / q_i(X_i), 1)``.
+    A drawn token has ``q_i(X_i) > 0``; a zero there (never drawn, so only a drafter's own bookkeeping) counts
+    as the ratio ``+inf`` where ``p_i(X_i) > 0``, as the token-level rule's ``r · q < p`` does."""
+    w, out = 1.0, []
+    for pi, qi in zip(pd, qd, strict=True):
+        w = min(w * pi / qi, 1.0) if qi > 0 else (1.0 if pi > 0 and w > 0 else 0.0)
+        out.append(w)
+    return out
+
+
+def block_thresholds(w: list[float], p: torch.Tensor, q: torch.Tensor) -> list[float]:
+    """Block verification's thresholds ``h_1..h_γ`` (``γ = len(w)``; ``p`` ``[γ + 1, V]`` and ``q`` ``[γ, V]``
+    as in the module docstring, row ``i`` the distributions after ``X_1..X_i``): for ``i < γ``,
+    ``h_i = Z_i / (Z_i + 1 - w_i)`` with the residual mass ``Z_i = Σ_x max(w_i p_{i+1}(x) - q_{i+1}(x), 0)``
+    (``p_{i+1}`` is row ``i``), and ``h_γ = w_γ``; ``0 / 0`` (``w_i = 1``, ``p_{i+1} = q_{i+1}``) is 1, its limit.
+    The ``Z_i`` of every row come back in one transfer."""
+    γ = len(w)
+    z: list[float] = []
+    if γ > 1:
+        wt = torch.tensor(w[:-1], dtype=p.dtype, device=p.device)[:, None]
+        z = (wt * p[1:γ] - q[1:γ]).clamp_min(0.0).sum(-1).tolist()
+    h = []
+    for i in range(γ - 1):
+        den = z[i] + 1.0 - w[i]
+        h.append(z[i] / den if den > 0 else 1.0)
+    return [*h, w[-1]] if γ else []
+
+
+def block_residual(w: float, p_row: torch.Tensor, q_row: torch.Tensor) -> torch.Tensor:
+    """The residual that follows ``τ < γ`` accepted tokens, unnormalised: ``max(w_τ p_{τ+1} - q_{τ+1}, 0)``
+    (``w_0 = 1``: the token-level residual ``max(p - q, 0)`` at ``τ = 0``)."""
+    return (w * p_row - q_row).clamp_min(0.0)
+
+
+def verify_block(draft: list[int], q: torch.Tensor | None, p: torch.Tensor, gen: torch.Generator) -> tuple[int, int]:
+    """Block verification (Sun et al., "Block Verification Accelerates Speculative Decoding", ICLR 2025,
+    Algorithm 2): ``(τ, token)``. With :func:`block_weights` ``w`` and :func:`block_thresholds` ``h`` and
+    uniforms ``η_1..η_γ`` (all at once), ``τ`` is the largest ``i`` with ``η_i < h_i`` (0 if none); ``X_1..X_τ``
+    are kept and ``token`` is drawn from ``p_{γ+1}`` where ``τ = γ``, else from :func:`block_residual` at ``τ``
+    (from ``p_{τ+1}`` itself should that be all zeros, which only rounding makes: a kept ``τ < γ`` has
+    ``h_τ > 0``, so ``Z_τ > 0``, or ``w_τ = 1 = h_{τ+1}`` up to ``h_γ = w_γ = 1``).
+
+    The committed tokens are distributed exactly as the target's, and a round keeps at least as many tokens in
+    expectation as :func:`verify_sampling`'s (the paper's Theorems 1-2; ``tests/test_block.py`` checks both by
+    exhaustive enumeration); with ``γ = 1`` the two are the same rule. Greedy (one-hot ``p`` and ``q``) it keeps
+    the longest prefix equal to the target's argmax and emits the target's argmax: :func:`verify_greedy`. With a
+    drafter whose ``q`` is one-hot (prompt lookup) no valid rule keeps more than the token-level one, and block
+    keeps as many."""
+    if not draft:  # ``q`` may be None then
+        return 0, draw(p[0], gen)
+    p, q = _on(p, gen), _on(q, gen)
+    γ = len(draft)
+    w = block_weights(*_at(draft, p, q))
+    h = block_thresholds(w, p, q)
+    η = torch.rand(γ, generator=gen, device=gen.device, dtype=torch.float64).tolist()
+    τ = max((i for i in range(1, γ + 1) if η[i - 1] < h[i - 1]), default=0)
+    if τ == γ:
+        return γ, draw(p[γ], gen)
+    residual = block_residual(w[τ - 1] if τ else 1.0, p[τ], q[τ])
+    return τ, draw(residual if float(residual.sum()) > 0 else p[τ], gen)
 
 
 def _at(draft: list[int], *probs: torch.Tensor) -> list[list[float]]:

@@ -11,7 +11,7 @@ import shlex
 from pathlib import Path
 
 from .. import backends
-from ..args import add_model_args
+from ..args import add_model_args, add_verify_arg
 from ..errors import PacerError
 from ..pair import check_threads
 from .run import answers, git, greedy, load_run_decoder, lock, read_meta, report, run, write_meta
@@ -55,6 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="0 (default): greedy, every output checked against ar's token by token; > 0: sampling, "
                         "each turn a seeded draw (the same seed for every method), not compared token by token")
     p.add_argument("--seed", type=int, default=0, help="base seed of --temperature > 0 (per question/repeat/turn)")
+    add_verify_arg(p, "token; a method spec's verify=token|block chooses its own, so both rules run interleaved "
+                      "in one bench, e.g. --methods ar,sd,sd:verify=block")
     p.add_argument("--out", type=Path, required=True, help="output folder")
     p.add_argument("--resume", action="store_true", help="continue a run in --out, skipping finished records")
     p.add_argument("--report-only", action="store_true", help="rebuild the report from --out without models")
@@ -115,6 +117,9 @@ def _validate(args: argparse.Namespace) -> None:
     if not math.isfinite(args.temperature) or args.temperature < 0:
         raise PacerError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     check_threads(args.threads)  # --quick loads no LoadSpec of its own before its models
+    if args.temperature == 0 and args.verify is not None:
+        raise PacerError(f"--verify {args.verify}: greedy decoding (--temperature 0) verifies by exact matching "
+                         f"under either rule; pass --temperature > 0 to compare the rules")
 
 
 def load_questions(args: argparse.Namespace):
@@ -277,6 +282,9 @@ def _methods(args: argparse.Namespace) -> tuple[str, list]:
     specs = parse_methods(methods_text, validation)  # errors before anything is loaded or written
     args.threshold_notes = [f"`{s.label}`: θ = {chosen[s.name]['threshold']:g} from {chosen[s.name]['checkpoint']}, "
                        f"chosen by {chosen[s.name]['chosen']}" for s in specs if "threshold=validation" in s.label]
+    if args.temperature == 0 and (named := [s.label for s in specs if s.verify is not None]):
+        raise PacerError(f"{', '.join(named)}: greedy decoding (--temperature 0) verifies by exact matching under "
+                         f"either rule; pass --temperature > 0 to compare the rules")
     greedy_only = [s.label for s in specs if s.greedy_only]
     if args.temperature > 0 and greedy_only:
         raise PacerError(f"--temperature {args.temperature}: {', '.join(greedy_only)} decode(s) greedily only (the "

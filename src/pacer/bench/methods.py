@@ -6,7 +6,9 @@ only the benchmark runs.
 
 Option keys: the ones every drafting method takes - ``gamma``, ``min_draft`` (alias ``min``), ``max_draft``
 (alias ``max``), ``cost_aware`` (``true``/``false``; default: on unless ``gamma`` or a threshold is given),
-``draft_vocab`` (a reduced draft vocabulary, :mod:`pacer.draftvocab`) - and the method's own registered options
+``draft_vocab`` (a reduced draft vocabulary, :mod:`pacer.draftvocab`), ``verify`` (``token``/``block``: the sampling
+verification rule of this method's runs, ``pacer bench --verify`` for every method; sampling only, not ``ar``) -
+and the method's own registered options
 (``threshold``, ``path``, ``block``, ``initial``, Ouroboros's ``ngram``, ``candidates``, ``sources``, ...). A value
 ``A..B`` expands into one method per integer in ``A..B`` (``sd:gamma=2..8`` is seven methods). ``hf-assisted``
 takes ``schedule``, ``tokens`` and ``threshold``.
@@ -15,12 +17,13 @@ takes ``schedule``, ``tokens`` and ``threshold``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .. import methods
 from ..errors import PacerError
 from ..request import SETTINGS, MethodRequest
+from ..sampling import VERIFY_RULES, SamplingConfig
 
 HF_ASSISTED = "hf-assisted"
 #: the user's real anchor on a transformers-backend run of a GGUF target: llama.cpp's plain decoding of the same
@@ -30,6 +33,8 @@ HF_KEYS = {"schedule": "num_assistant_tokens_schedule", "tokens": "num_assistant
            "threshold": "assistant_confidence_threshold"}
 HF_SCHEDULES = ("constant", "heuristic", "heuristic_transient")
 ALIASES = {"min": "min_draft", "max": "max_draft"}
+#: the spec key of the sampling verification rule (not a method option: the runs' SamplingConfig.verify)
+VERIFY = "verify"
 #: the settings every drafting method takes besides its own options
 GENERATE_KEYS = SETTINGS
 
@@ -76,9 +81,18 @@ class MethodSpec:
         """It decodes greedily only (the registry says which methods; ``hf-assisted`` is greedy here)."""
         return self.name == HF_ASSISTED or methods.get(self.name).greedy_only
 
+    @property
+    def verify(self) -> str | None:
+        """The verification rule this spec names (``verify=``; ``None``: the bench's own, ``--verify``)."""
+        return self.opts.get(VERIFY)
+
     def request(self) -> MethodRequest:
         """The :class:`~pacer.request.MethodRequest` :meth:`Decoder.generate` takes (not for ``hf-assisted``)."""
-        return MethodRequest.of(self.name, **dict(self.options))
+        return MethodRequest.of(self.name, **{k: v for k, v in self.options if k != VERIFY})
+
+    def sampling(self, sampling: SamplingConfig | None) -> SamplingConfig | None:
+        """``sampling`` verified by this spec's own rule where it names one (greedy: ``None``, as it is)."""
+        return sampling if sampling is None or self.verify is None else replace(sampling, verify=self.verify)
 
 
 def anchor_spec() -> MethodSpec:
@@ -100,6 +114,13 @@ def _check(name: str, opts: list[tuple[str, object]], raw: str) -> None:
     keys = [k for k, _ in opts]
     if len(set(keys)) != len(keys):
         raise PacerError(f"method '{raw}' repeats an option")
+    if VERIFY in keys:
+        rule = dict(opts)[VERIFY]
+        if name == HF_ASSISTED or not methods.get(name).drafts:
+            raise PacerError(f"method '{raw}': {name} verifies no draft; verify= is for drafting methods")
+        if rule not in VERIFY_RULES:
+            raise PacerError(f"method '{raw}': verify must be one of {', '.join(VERIFY_RULES)}, got {rule!r}")
+        opts = [(k, v) for k, v in opts if k != VERIFY]
     if name == HF_ASSISTED:
         for k, v in opts:
             if k not in HF_KEYS:

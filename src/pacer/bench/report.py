@@ -159,8 +159,10 @@ def markdown(summary: dict, meta: dict) -> str:
                  f"finished; continue it with the same command and `--resume`**")
     T = meta.get("temperature") or 0
     L.append(f"- sampling at temperature {T} (seed {meta.get('seed')}; each turn a seeded draw, the same seed for "
-             f"every method): outputs are draws, not compared with ar's token by token (the distribution is what "
-             f"speculative sampling keeps; tests/test_sampling.py checks it)" if T > 0 else "- greedy decoding")
+             f"every method), verified by the {meta.get('verify') or 'token'} rule unless a method names its own "
+             f"(`verify=`): outputs are draws, not compared with ar's token by token (the distribution is what "
+             f"speculative sampling keeps; tests/test_sampling.py and tests/test_block.py check it)" if T > 0
+             else "- greedy decoding")
     L.append("- wall time per turn from the first forward to the last token (prefill "
              "included, tokenization and the oracle's reference excluded); methods interleaved per question "
              "(`ar` first, the others in rotated order) after a warm-up of every method\n")

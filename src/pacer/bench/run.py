@@ -20,7 +20,9 @@ from ..errors import PacerError
 
 #: settings that must match when a run is resumed (the rest - methods, questions, repeats - may grow)
 PINNED = ("target", "draft", "target_fingerprint", "draft_fingerprint", "dtype", "threads", "max_new_tokens",
-          "quick", "draft_vocab", "target_weights", "draft_weights", "backend", "temperature", "seed")
+          "quick", "draft_vocab", "target_weights", "draft_weights", "backend", "temperature", "seed", "verify")
+#: what a run made before a pinned setting existed ran with (a missing one is taken as this when resumed)
+BEFORE = {"draft_vocab": 0, "backend": "transformers", "verify": "token"}
 
 
 def log(msg: str) -> None:
@@ -123,6 +125,8 @@ def command_line(args: argparse.Namespace, methods: str) -> str:
     parts += ["--max-new-tokens", str(args.max_new_tokens), "--repeats", str(args.repeats)]
     if args.temperature > 0:
         parts += ["--temperature", str(args.temperature), "--seed", str(args.seed)]
+    if args.verify is not None:
+        parts += ["--verify", args.verify]
     if not args.quick:
         parts += ["--target", args.target, "--draft", args.draft, "--backend", args.backend]
         if backends.get(args.backend).dtypes:
@@ -233,17 +237,16 @@ def _config(args: argparse.Namespace, dec, target: str, draft: str, dtype: str) 
         "draft_weights": dec.draft_info.weights if dec.draft_info else None,
         "backend": dec.backend,
         "temperature": args.temperature, "seed": args.seed if args.temperature > 0 else 0,
+        "verify": args.verify or "token",
     }
 
 
 def _check_pinned(out: Path, previous: dict, config: dict) -> None:
     """Refuse to resume with another value of a :data:`PINNED` setting than the run in ``out`` has."""
     for k in PINNED:
-        if k not in previous and k not in ("draft_vocab", "backend"):
+        if k not in previous and k not in BEFORE:
             continue
-        # runs made before a setting existed: the full vocabulary, the transformers backend
-        old = previous.get(k) or 0 if k == "draft_vocab" else previous.get(k, "transformers") \
-            if k == "backend" else previous[k]
+        old = previous.get(k) or 0 if k == "draft_vocab" else previous.get(k, BEFORE.get(k))
         if old != config[k]:
             hint = ""
             if k == "draft_weights" and isinstance(old, str):
@@ -353,7 +356,8 @@ def _bench(args: argparse.Namespace, dec, specs: list, questions: list, out: Pat
     from .runner import Bench
 
     labels = [s.label for s in specs]
-    sampling = SamplingConfig(args.temperature, seed=args.seed) if args.temperature > 0 else None
+    sampling = SamplingConfig(args.temperature, seed=args.seed, verify=args.verify or "token") \
+        if args.temperature > 0 else None
     bench = Bench(dec, specs, questions, out, args.max_new_tokens, args.repeats, args.progress, sampling, clocks,
                   decoders, signed=meta["answers_signed"])
     total, finished = bench.units()

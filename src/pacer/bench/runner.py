@@ -15,7 +15,7 @@ import math
 import sys
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import ContextError, PacerError
@@ -54,7 +54,7 @@ def run_turn(dec, spec: MethodSpec, ids: list[int], max_new_tokens: int,
     if reference is not None:  # read by a policy that needs it (the oracle), ignored by the others
         kwargs["reference"] = reference
     if sampling is not None:
-        kwargs["sampling"] = sampling
+        kwargs["sampling"] = spec.sampling(sampling)
     res = dec.generate(ids, spec.request(), max_new_tokens, **kwargs)
     st = res.stats
     return TurnOut(list(res.token_ids), res.text, st.wall_time, [n + 1 for n in st.accepted_counts],
@@ -63,12 +63,12 @@ def run_turn(dec, spec: MethodSpec, ids: list[int], max_new_tokens: int,
 
 
 def turn_sampling(sampling: SamplingConfig | None, q: Question, repeat: int, turn: int) -> SamplingConfig | None:
-    """The sampling of one turn: ``sampling``'s temperature with a seed of its own per (question, repeat, turn),
-    the same for every method (each method draws from the same target distribution with the same seed)."""
+    """The sampling of one turn: ``sampling`` (its temperature, its verification rule) with a seed of its own per
+    (question, repeat, turn), the same for every method (each method draws from the same target distribution with
+    the same seed)."""
     if sampling is None:
         return None
-    seed = zlib.crc32(f"{sampling.seed}/{q.dataset}/{q.question_id}/{repeat}/{turn}".encode())
-    return SamplingConfig(sampling.temperature, sampling.top_k, sampling.top_p, seed)
+    return replace(sampling, seed=zlib.crc32(f"{sampling.seed}/{q.dataset}/{q.question_id}/{repeat}/{turn}".encode()))
 
 
 def run_question(dec, spec: MethodSpec, q: Question, max_new_tokens: int,

@@ -11,7 +11,8 @@ One round of :func:`speculative_generate` (``γ`` draft tokens, ``n`` accepted; 
 1. **propose** - the drafter drafts token by token (or phrase by phrase) and asks the draft-length policy after
    every token whether to go on; the loop caps ``γ`` by the policy's bounds and the remaining token budget.
 2. **verify**  - one target forward over the tokens the target has not seen yet plus ``d_1..d_γ`` gives ``p``.
-3. **accept**  - greedy: longest matching prefix plus the target's token; sampling: rejection sampling.
+3. **accept**  - greedy: longest matching prefix plus the target's token; sampling: rejection sampling, token by
+   token or the block jointly (``SamplingConfig.verify``).
 4. **roll back** - both KV caches are cropped to the accepted length (a length pointer, no copies).
 5. **commit**  - ``d_1..d_n`` and the target's token are appended one by one, so EOS, stop strings and
    ``max_new_tokens`` end the output exactly where plain decoding would, even inside a draft block.
@@ -40,6 +41,7 @@ from ..sampling import (
     greedy_prefix,
     pick,
     target_state,
+    verify_block,
     verify_greedy,
     verify_sampling,
     warp,
@@ -125,7 +127,9 @@ def speculative_generate(
                                                hidden=policy.needs_target_hidden)
             logits = scores[: γ + 1]  # row 0 is the last pending token's
             # 3. accept: greedy - longest matching prefix, then the longest matching branch anchored there,
-            #    plus the target's token; sampling - rejection sampling
+            #    plus the target's token (block verification is this same rule there); sampling - token-level
+            #    rejection sampling or block verification (sampling.verify), on the chain alone (room = 0: no
+            #    branch is scored)
             if sampling.greedy:  # the target's greedy token after d_0..d_γ (up to the first rejection, where enough)
                 t = argmax(logits) if drafter.reads_target_argmax else greedy_prefix(draft.tokens, logits)
                 n, x = verify_greedy(draft.tokens, logits, t)
@@ -133,7 +137,8 @@ def speculative_generate(
                 p = None
             else:
                 p = warp(logits, sampling)
-                n, x = verify_sampling(draft.tokens, draft.q, p, gen)
+                verify = verify_block if sampling.verify == "block" else verify_sampling
+                n, x = verify(draft.tokens, draft.q, p, gen)
             # 4. roll back both caches to the accepted main-draft length (an extension is re-fed next round)
             keep = len(tokens) + n
             target.crop(keep)

@@ -10,6 +10,7 @@ import sys
 from ..args import (
     add_method_args,
     add_model_args,
+    add_verify_arg,
     as_flags,
     auto_method,
     check_model_args,
@@ -37,7 +38,9 @@ def register(subparsers) -> None:
     g.add_argument("--max-tokens", type=int, default=256, help="max_tokens of a request that gives none")
     g.add_argument("--speculative-config", default=None, metavar="JSON",
                    help='vLLM-style: \'{"method": "pacer", "num_speculative_tokens": 16}\' (the method and its '
-                        "upper bound on draft tokens per round; other keys are the method's options)")
+                        "upper bound on draft tokens per round; other keys are the method's options; vLLM's "
+                        "rejection_sample_method standard|block sets --verify token|block)")
+    add_verify_arg(g, "token; a request's {\"pacer\": {\"verify\": \"block\"}} chooses its own")
     add_method_args(p, default="auto")
     add_model_args(p)
     p.set_defaults(func=cmd_serve)
@@ -57,7 +60,17 @@ def speculative_config(text: str | None) -> dict:
     cfg = dict(cfg)
     if "num_speculative_tokens" in cfg:
         cfg["max_draft"] = cfg.pop("num_speculative_tokens")
+    if "rejection_sample_method" in cfg:
+        rule = cfg.pop("rejection_sample_method")
+        if rule not in REJECTION_SAMPLE_METHODS:
+            raise PacerError(f"--speculative-config: rejection_sample_method must be one of "
+                             f"{', '.join(REJECTION_SAMPLE_METHODS)}, got {rule!r}")
+        cfg["verify"] = REJECTION_SAMPLE_METHODS[rule]
     return cfg
+
+
+#: vLLM's ``rejection_sample_method`` -> pacer's verification rule (``--verify``)
+REJECTION_SAMPLE_METHODS = {"standard": "token", "block": "block"}
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
@@ -79,6 +92,7 @@ def listen_socket(host: str, port: int) -> socket.socket:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from ..request import GenerationRequest, MethodRequest
+    from ..sampling import SamplingConfig
     from .protocol import Defaults
 
     cfg = speculative_config(args.speculative_config)
@@ -91,10 +105,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     args.method = cfg.pop("method", None) or args.method
     args.method = auto_method(args)
     settings = {k: cfg.pop(k, getattr(args, k)) for k in ("gamma", "min_draft", "max_draft")}
+    if (given := cfg.pop("verify", None)) is not None and args.verify not in (None, given):
+        raise PacerError(f"--verify {args.verify} and --speculative-config's rejection_sample_method (verify "
+                         f"{given}) disagree; give one")
+    verify = args.verify or given or "token"
     try:
         request = MethodRequest(args.method, **settings, cost_aware=cfg.pop("cost_aware", cost_aware(args)),
                                 options={**method_options(args), **cfg})
-        GenerationRequest(request, args.max_tokens)  # the server's defaults: checked before the model loads
+        GenerationRequest(request, args.max_tokens, SamplingConfig(verify=verify))  # checked before loading
         request.check_files()
     except PacerError as e:
         raise PacerError(as_flags(str(e))) from None
@@ -104,7 +122,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     sock = listen_socket(args.host, args.port)  # before the models load: a taken port is said at once
     dec = load_decoder(args, request)
-    defaults = Defaults(request, args.max_tokens)
+    defaults = Defaults(request, args.max_tokens, verify)
     name = args.served_model_name or args.target
     app = build_app(dec, defaults, name, args.queue_size, args.request_timeout, args.api_key)
     port = sock.getsockname()[1]

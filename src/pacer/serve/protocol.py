@@ -6,7 +6,8 @@ strings, the last from the user), ``max_tokens`` (``max_completion_tokens`` for 
 (OpenAI's default 1.0), ``top_p``, ``top_k``, ``seed`` (absent: a random one), ``stop`` (a string or a list),
 ``stream``, ``stream_options.include_usage``, ``n`` (1 only), and the extension ``pacer``: ``{"method": ...,
 "gamma"/"min_draft"/"max_draft"/"cost_aware": ..., <the method's registered options>}`` (a
-:class:`~pacer.request.MethodRequest`), defaulting to the server's configuration; an option that names a file or
+:class:`~pacer.request.MethodRequest`) and ``"verify": "token"|"block"`` (the sampling verification rule,
+:attr:`pacer.SamplingConfig.verify`), defaulting to the server's configuration; an option that names a file or
 folder (:func:`pacer.methods.path_options`: ``pool_file``, the pre-verifier's ``path``) is refused: paths on the
 server's disk come from its own configuration only. Every problem is a
 :class:`BadRequest` (HTTP 400, OpenAI's error shape).
@@ -18,7 +19,7 @@ import json
 import random
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..errors import PacerError
 from ..methods import path_options
@@ -46,10 +47,12 @@ def error_body(message: str, kind: str = "invalid_request_error", param: str | N
 @dataclass
 class Defaults:
     """The server's configuration: its method request (``--method``, ``--speculative-config``, option flags;
-    a method's name is taken as its request with no settings) and ``max_tokens``."""
+    a method's name is taken as its request with no settings), ``max_tokens`` and the verification rule
+    (``--verify``)."""
 
     request: MethodRequest | str = "sd"
     max_tokens: int = 256
+    verify: str = "token"
 
     def __post_init__(self) -> None:
         self.request = MethodRequest.of(self.request)
@@ -147,6 +150,10 @@ def parse_request(body: dict, chat: bool, defaults: Defaults, model: str) -> Req
     if not isinstance(ext, dict):
         raise BadRequest("'pacer' must be an object: {\"method\": ..., options}", param="pacer")
     ext = dict(ext)
+    try:  # the verification rule is the sampling's (the server's own unless the request chooses)
+        sampling = replace(sampling, verify=ext.pop("verify", defaults.verify))
+    except PacerError as e:
+        raise BadRequest(f"pacer.{e}", param="pacer.verify") from None
     for name in path_options():  # files and folders on the server's disk are the server's: never a client's
         if name in ext:
             raise BadRequest(f"'pacer.{name}' names a file or folder on the server, which a request may not choose "
