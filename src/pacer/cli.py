@@ -125,7 +125,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
           + (" (int8 weight-only: measured faster here; lossless, the draft only proposes)"
              if dec.draft_info.weights.startswith("int8") and args.quantize == "none" else ""))
     if args.dtype == "auto" and record.auto_dtype:
-        print(f"dtype: {dec.target_info.dtype_name} (--dtype auto: {record.auto_dtype(dec.device, True)[1]})")
+        why = record.auto_dtype(dec.device, getattr(args, "progress", True))[1]
+        print(f"dtype: {dec.target_info.dtype_name} (--dtype auto: {why})")
     dec.generate("Hello", "ar", max_new_tokens=2)  # warm-up
     from .calibration import regime
 
