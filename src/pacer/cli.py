@@ -74,11 +74,12 @@ def cost_note(rep: dict) -> str:
     from .costs import Costs
 
     err = rep["calibration_error"]
+    curve = Costs.from_dict(rep["costs"], free_draft=True).curve()  # (c_d is 0 without a draft model: lookup)
     if not rep.get("length", True):
         return (f"[cost-aware] the draft length is the literal rule's; phrases and branches priced on costs "
-                f"({rep['source']}): {Costs.from_dict(rep['costs']).curve()} (--cost-aware off: not priced)")
+                f"({rep['source']}): {curve} (--cost-aware off: not priced)")
     return (f"[cost-aware] {rep['zero_rounds']}/{rep['rounds']} rounds drafted nothing (plain decoding steps); "
-            f"costs ({rep['source']}): {Costs.from_dict(rep['costs']).curve()}; per-token acceptance "
+            f"costs ({rep['source']}): {curve}; per-token acceptance "
             f"{rep['alpha']:.2f}" + (f", survival-score calibration error {err:.3f}" if err is not None else "")
             + " (--cost-aware off, --gamma or --threshold to override)")
 

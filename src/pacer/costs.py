@@ -96,9 +96,10 @@ class Costs:
                    read_curve(d.get("tree") or {}, "'tree'", empty=True),
                    read_curve(d.get("draft_curve") or {}, "'draft_curve'", empty=True))
 
-    def problems(self) -> list[str]:
-        """What makes these costs unusable (empty: none): every value finite, ``c_t`` and ``c_d`` positive,
-        prefill costs non-negative."""
+    def problems(self, free_draft: bool = False) -> list[str]:
+        """What makes these costs unusable (empty: none): every value finite, ``c_t`` and ``c_d`` positive
+        (``free_draft``: ``c_d`` may be 0, a pair without a draft model: looked-up tokens cost nothing), prefill
+        costs non-negative."""
         bad = []
         for name, curve in (("target", self.target), ("tree", self.tree), ("draft", self.draft_curve)):
             for k, v in curve.items():
@@ -106,7 +107,7 @@ class Costs:
                     bad.append(f"{name} cost at k={k} is {v}")
         if not self.target:
             bad.append("no target costs")
-        if not (math.isfinite(self.draft) and self.draft > 0):
+        if not (math.isfinite(self.draft) and (self.draft > 0 or (free_draft and self.draft == 0))):
             bad.append(f"draft cost is {self.draft}")
         for name, v in (("draft prefill", self.draft_prefill), ("policy check", self.policy_per_check)):
             if not (math.isfinite(v) and v >= 0):
