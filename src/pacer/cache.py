@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .errors import PacerError
-from .io import atomic_write_text
+from .io import BadJson, atomic_write_text, read_json
 
 
 def pacer_home() -> Path:
@@ -120,7 +120,7 @@ class Store:
         if not path.exists():
             return None, ""
         try:
-            doc = json.loads(path.read_text())
+            doc = read_json(path, self.what, "")
             if doc.get("format") != self.format:
                 return None, f"{self.what} {path} is in another format"
             if canonical(doc.get("key")) != canonical(key):
@@ -128,6 +128,8 @@ class Store:
             if not isinstance(doc["payload"], dict) or doc.get("sha256") != checksum(doc["payload"]):
                 return None, f"{self.what} {path} is damaged (checksum mismatch)"
             return doc["payload"], ""
+        except BadJson as e:
+            return None, f"{self.what} {path} cannot be read ({e.reason})"
         except _READ_ERRORS as e:
             return None, f"{self.what} {path} cannot be read ({type(e).__name__})"
 
@@ -263,8 +265,8 @@ class FileRecord:
     def read(self, sha256: str | None = None) -> dict | None:
         """The record, or ``None`` when there is none, it cannot be read or it is of a file other than ``sha256``."""
         try:
-            rec = json.loads(self.path.read_text())
-        except (OSError, ValueError):
+            rec = read_json(self.path, "file record", "")
+        except BadJson:
             return None
         if not isinstance(rec, dict) or not isinstance(rec.get("blocks"), list) or \
                 (sha256 is not None and rec.get("sha256") != sha256):
@@ -322,14 +324,14 @@ class Manifest:
         hashed whole after a change of modification time or with ``full``, else in random blocks); else what is
         wrong, in a few words. A manifest of an older pacer (one sampled hash per file) has its files hashed whole
         once and is rewritten with blocks; re-stamped times are written back (where the folder can be written)."""
+        if not self.path.is_file() and not self.path.is_dir():
+            return "it has no manifest (made by an older pacer, or interrupted)"
         try:
-            doc = json.loads(self.path.read_text())
+            doc = read_json(self.path, "manifest", "")
             files = doc["files"]
             if doc.get("format") != "pacer-model-cache" or not isinstance(files, dict) or not files:
                 return "its manifest is not a pacer cache manifest"
-        except FileNotFoundError:
-            return "it has no manifest (made by an older pacer, or interrupted)"
-        except (OSError, ValueError, KeyError, TypeError):
+        except (BadJson, KeyError, TypeError):
             return "its manifest is unreadable"
         changed = False
         for name, want in files.items():

@@ -278,14 +278,11 @@ class Profile:
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
+        from .io import read_json
+
         path = Path(path)
-        try:
-            doc = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise PacerError(f"cost profile {path} does not exist (shipped ones: docs/profiles/)") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise PacerError(f"cost profile {path} cannot be read ({type(e).__name__}); pass a file written by "
-                             f"`pacer calibrate --export`") from None
+        doc = read_json(path, "cost profile", "pass a file written by `pacer calibrate --export` (shipped ones: "
+                        "docs/profiles/)")
         return cls.from_dict(doc, f"cost profile {path}")
 
     def save(self, path: str | Path) -> None:
