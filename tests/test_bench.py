@@ -452,7 +452,7 @@ def test_a_run_without_its_run_json_reports_no_verdict_it_cannot_check(tmp_path,
 
 
 @pytest.mark.parametrize("content,words", [
-    ("[" * 100_000 + "]" * 100_000, "nests deeper than 64 levels"),
+    ("[" * 100_000 + "]" * 100_000, "nested deeper than 64 levels"),
     ('{"command": ' + "9" * 5000 + "}", "4300"),
     (b"\xff\xfe{}", "not"),  # run.json: not UTF-8; an answers line (read as text, a torn character replaced): JSON
     (None, "is a folder, not a file"),

@@ -216,9 +216,9 @@ BAD = {
                           "up to 4"),  # OpenAI's limit
     # the JSON reader's whole error surface, in a field the server does not even read
     "nested deeper than Python reads": (b'{"prompt": "x", "user": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
-                                        "nests deeper than 64 levels"),
+                                        "nested deeper than 64 levels"),
     "nested deeper than pacer reads": (b'{"prompt": "x", "user": ' + b"[" * 100 + b"]" * 100 + b"}",
-                                       "nests deeper than 64 levels"),
+                                       "nested deeper than 64 levels"),
     "an integer of 5000 digits": (b'{"prompt": "x", "user": ' + b"7" * 5000 + b"}", "4300"),
     # an extension or option that is not an object is refused, never taken as the defaults
     "pacer a list": (json.dumps({"prompt": "x", "pacer": []}).encode(), "'pacer' must be an object"),
@@ -303,7 +303,7 @@ def test_pacer_serve_subcommand_end_to_end(tmp_path):
     bad = subprocess.run([*base, "--speculative-config", "{nope"], capture_output=True, text=True, timeout=120)
     lines = bad.stderr.strip().splitlines()
     assert bad.returncode == 2 and len(lines) == 1 and lines[0].startswith(
-        "pacer: error: --speculative-config cannot be read: it is not valid JSON (Expecting property name enclosed in "
+        "pacer: error: --speculative-config cannot be read: not valid JSON (Expecting property name enclosed in "
         "double quotes")
     bad = subprocess.run([*base, "--speculative-config", '{"method": "sd", "num_speculative_tokens": 0}'],
                          capture_output=True, text=True, timeout=120)

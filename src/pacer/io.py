@@ -44,23 +44,27 @@ def _depth_over(doc: Any, limit: int) -> bool:
 def _json_reason(text: str | bytes, max_bytes: int, max_depth: int) -> tuple[Any, str]:
     """``(document, "")`` or ``(None, why)``."""
     if len(text) > max_bytes:
-        return None, f"it is larger than {max_bytes >> 20} MiB, the most pacer reads"
+        return None, f"larger than {max_bytes >> 20} MiB, the most pacer reads"
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as e:
-            return None, f"it is not UTF-8 text (byte {e.start})"
+            return None, f"not UTF-8 text (byte {e.start})"
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
-        return None, f"it is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})"
+        return None, f"not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})"
     except RecursionError:
-        return None, f"it nests deeper than {max_depth} levels, the most pacer reads"
+        return None, f"nested deeper than {max_depth} levels, the most pacer reads"
     except ValueError as e:  # an integer of more digits than Python converts (4300)
-        return None, f"it holds a number pacer cannot read ({str(e).split(';')[0]})"
+        return None, f"a number pacer cannot read ({str(e).split(';')[0]})"
     if _depth_over(doc, max_depth):
-        return None, f"it nests deeper than {max_depth} levels, the most pacer reads"
+        return None, f"nested deeper than {max_depth} levels, the most pacer reads"
     return doc, ""
+
+
+def _said(problem: str, fix: str) -> str:
+    return f"{problem}; {fix}" if fix else problem
 
 
 def loads_json(text: str | bytes, what: str, fix: str, *, max_bytes: int = MAX_JSON_BYTES,
@@ -70,7 +74,7 @@ def loads_json(text: str | bytes, what: str, fix: str, *, max_bytes: int = MAX_J
     Python converts, longer than ``max_bytes``."""
     doc, why = _json_reason(text, max_bytes, max_depth)
     if why:
-        raise BadJson(f"{what} cannot be read: {why}; {fix}", why)
+        raise BadJson(_said(f"{what} cannot be read: {why}", fix), why)
     return doc
 
 
@@ -82,13 +86,15 @@ def read_bytes(path: str | Path, what: str, fix: str, *, max_bytes: int = MAX_JS
         with open(path, "rb") as f:
             data = f.read(max_bytes + 1)
     except OSError as e:
-        why = ("it does not exist" if isinstance(e, FileNotFoundError) else
-               "it is a folder, not a file" if isinstance(e, IsADirectoryError) or path.is_dir() else
-               f"it cannot be read ({e.strerror or type(e).__name__})")
-        raise BadJson(f"{what} {path} cannot be read: {why}; {fix}", why) from None
+        why = ("missing" if isinstance(e, FileNotFoundError) else
+               "a folder, not a file" if isinstance(e, IsADirectoryError) or path.is_dir() else
+               f"unreadable ({e.strerror or type(e).__name__})")
+        shown = {"missing": "does not exist", "a folder, not a file": "is a folder, not a file"}.get(
+            why, f"cannot be read: {why}")
+        raise BadJson(_said(f"{what} {path} {shown}", fix), why) from None
     if len(data) > max_bytes:
-        why = f"it is larger than {max_bytes >> 20} MiB, the most pacer reads"
-        raise BadJson(f"{what} {path} cannot be read: {why}; {fix}", why)
+        why = f"larger than {max_bytes >> 20} MiB, the most pacer reads"
+        raise BadJson(_said(f"{what} {path} cannot be read: {why}", fix), why)
     return data
 
 
@@ -101,7 +107,7 @@ def read_json(path: str | Path, what: str, fix: str, *, max_bytes: int = MAX_JSO
     data = read_bytes(path, what, fix, max_bytes=max_bytes)
     doc, why = _json_reason(data, max_bytes, max_depth)
     if why:
-        raise BadJson(f"{what} {path} cannot be read: {why}; {fix}", why)
+        raise BadJson(_said(f"{what} {path} cannot be read: {why}", fix), why)
     return doc
 
 

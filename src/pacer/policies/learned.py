@@ -158,7 +158,7 @@ def read_config(path: Path | str, whole: bool = True) -> tuple[dict, FeatureSpec
     cfg_path = Path(path) / "config.json"
     if not cfg_path.exists():
         raise PacerError(f"'{path}' is not a pre-verifier checkpoint (no config.json); make one with `pacer train`")
-    cfg = read_json(cfg_path, "checkpoint config", "retrain or restore it")
+    cfg = read_json(cfg_path, "checkpoint config", "it is corrupt: retrain or restore it")
     want = cfg.get("config_sha256") if isinstance(cfg, dict) else None
     if want is not None and want != config_sha256(cfg):
         raise PacerError(f"checkpoint config {cfg_path} was changed by hand (its config_sha256 does not match); "
