@@ -1195,3 +1195,52 @@ def test_recorded_command_carries_what_reproduces_the_run():
         Path("docs/profiles/p.json"), Path("own.json"), Path("ckpt dir"), False)
     plain = command_line(parser().parse_args(argv[:10] + ["--out", "runs/x"]), "ar")
     assert not any(f in plain for f in ("--costs", "--own-profile", "--validation", "--no-anchor"))
+
+
+def test_a_full_disk_mid_run_is_one_line_and_leaves_no_torn_record(tmp_path, capsys, monkeypatch):
+    """ENOSPC while a record is made durable: ``pacer bench`` exits 2 with one line saying what to do, and the
+    answers file holds no part of that record (a resume would otherwise meet a torn line)."""
+    import errno
+    import os
+    import types
+
+    def fsync(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(rec_io, "os", types.SimpleNamespace(**{**vars(os), "fsync": fsync}))
+    out = tmp_path / "b"
+    rc = main(["bench", "--quick", "--n", "1", "--max-new-tokens", "4", "--methods", "ar", "--no-progress",
+               "--out", str(out)])
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if ln.startswith("pacer: error")]
+    assert rc == 2 and len(err) == 1 and "No space left on device" in err[0] and "free some space" in err[0], err
+    assert (out / "answers.jsonl").read_text() == ""
+
+
+def test_an_export_that_fails_part_way_leaves_no_file_of_it(tmp_path, monkeypatch):
+    import errno
+
+    from pacer.bench import specbench
+
+    real, n = specbench.atomic_write_text, []
+
+    def write(path, text):
+        n.append(path)
+        if len(n) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real(path, text)
+
+    monkeypatch.setattr(specbench, "atomic_write_text", write)
+    with pytest.raises(OSError):
+        specbench.export([full_record("ar", AR_IDS), full_record("sd", AR_IDS, True)], tmp_path / "sb")
+    assert not list((tmp_path / "sb").glob("*.jsonl"))
+
+
+def test_a_folder_where_the_run_writes_a_file_is_refused_before_any_model_loads(tmp_path, capsys, monkeypatch):
+    from pacer.bench import cli as bench_cli
+
+    monkeypatch.setattr(bench_cli, "_load_decoder", lambda *a: pytest.fail("loaded a model"))
+    (tmp_path / "b" / "answers.jsonl").mkdir(parents=True)
+    for resume in ([], ["--resume"]):
+        assert main(["bench", "--quick", "--n", "1", "--methods", "ar", "--out", str(tmp_path / "b"), *resume]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "folder named answers.jsonl" in err and "\n" not in err

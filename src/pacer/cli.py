@@ -6,6 +6,7 @@ Every bad input ends with a one-line ``pacer: error: ...`` on stderr and exit st
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import re
 import sys
@@ -311,6 +312,18 @@ def _join_negative_lists(argv: list[str]) -> list[str]:
     return out
 
 
+def os_problem(e: OSError) -> str:
+    """One line for a file or disk error: what failed, where, and what to do."""
+    where = f" ({e.filename})" if e.filename else ""
+    what = e.strerror or str(e) or type(e).__name__
+    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return f"{what}{where}: free some space (or pass a folder on another disk) and run again; what was being " \
+               f"written is not left half-written"
+    if e.errno in (errno.EISDIR, errno.ENOTDIR):
+        return f"{what}{where}: a folder stands where a file is written, or a file where a folder is; pass another path"
+    return f"{what}{where}; check the path and its permissions"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(_join_negative_lists(list(sys.argv[1:] if argv is None else argv)))
@@ -329,6 +342,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except PacerError as e:
         print(f"pacer: error: {as_flags(str(e))}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a file or disk problem that reached the top (a full disk mid-run): one line, as above
+        print(f"pacer: error: {os_problem(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"\npacer: interrupted after {time.perf_counter() - start:.0f}s", file=sys.stderr)

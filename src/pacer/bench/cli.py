@@ -389,6 +389,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise PacerError(f"--out {out} exists and is not a folder")
     check_out_dir(out)
+    if folders := [n for n in ("answers.jsonl", "run.json", "report.md", "summary.json") if (out / n).is_dir()]:
+        raise PacerError(f"--out {out} holds a folder named {folders[0]} where the run writes that file; remove it or "
+                         f"choose another --out")
     previous = _read_meta(out)
     if args.resume and previous.get("questions") is not None:
         asked = {q.key for q in questions}  # the set may grow (a larger --n), never lose a question

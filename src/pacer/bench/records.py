@@ -261,6 +261,11 @@ def append(path: Path, rec: dict) -> None:
     """Append one record, signed (:func:`sign`), as a line and make it durable (flush + fsync) before returning."""
     line = json.dumps(sign(rec)) + "\n"
     with open(path, "a", encoding="utf-8") as f:
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
+        end = f.tell()
+        try:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+        except OSError:  # a full disk, say: no part of the record is left behind
+            f.truncate(end)
+            raise
