@@ -14,6 +14,9 @@ from typing import Any
 
 from .errors import PacerError
 
+#: the suffix of every temporary file and folder pacer makes (``.<name>.<random>.pacer.tmp``): what the sweep of
+#: ``$PACER_HOME`` removes after a killed process, and nothing else (another program's ``.tmp`` files stay)
+TMP_SUFFIX = ".pacer.tmp"
 #: the largest JSON document pacer reads (its own files are kilobytes to a few megabytes: answers, pools, caches)
 MAX_JSON_BYTES = 256 << 20
 #: the deepest nesting of arrays and objects pacer reads (its own files nest at most a few levels)
@@ -115,7 +118,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temporary file in the same folder and an atomic rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -139,7 +142,7 @@ def _probe(folder: Path, what: str, shown: str) -> None:
     try:
         if not folder.is_dir():
             raise NotADirectoryError(f"{folder} is a file")
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".pacer-probe.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".pacer-probe.", suffix=TMP_SUFFIX)
         os.close(fd)
         os.unlink(tmp)
     except OSError as e:
