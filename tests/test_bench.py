@@ -1244,3 +1244,15 @@ def test_a_folder_where_the_run_writes_a_file_is_refused_before_any_model_loads(
         assert main(["bench", "--quick", "--n", "1", "--methods", "ar", "--out", str(tmp_path / "b"), *resume]) == 2
         err = capsys.readouterr().err.strip()
         assert "folder named answers.jsonl" in err and "\n" not in err
+
+
+def test_a_dataset_listed_twice_is_refused(tmp_path, capsys, monkeypatch):
+    """``--dataset dev,dev`` listed each question twice and a finished run reported "PARTIAL RUN 4 of 8"."""
+    from pacer.bench import cli as bench_cli
+
+    monkeypatch.setattr(bench_cli, "_load_decoder", lambda *a: pytest.fail("loaded a model"))
+    rc = main(["bench", "--quick", "--dataset", "dev, dev", "--n", "2", "--methods", "ar", "--out",
+               str(tmp_path / "b")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "--dataset lists dev twice" in err and "\n" not in err
+    assert not (tmp_path / "b").exists()

@@ -24,7 +24,7 @@ import torch
 from . import backends, devices, models
 from .decoding import ModelBackend
 from .decoding.meter import DRAFT, TARGET, metered
-from .errors import ContextError, InvalidType, PacerError
+from .errors import ContextError, InvalidType, InvalidValue, PacerError
 from .request import check_history, check_prompt_ids, check_stop
 
 END_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>")
@@ -188,7 +188,7 @@ class LoadSpec:
         threads = self.threads
         if threads is not None:
             if isinstance(threads, bool) or not isinstance(threads, int) or threads <= 0:
-                raise PacerError(f"threads must be >= 1, got {threads}")
+                raise InvalidValue(f"threads must be >= 1, got {threads}")
             cores = os.cpu_count() or 1
             if threads > cores:
                 print(f"pacer: warning: --threads {threads} is more than this machine's {cores} cores "
@@ -200,8 +200,9 @@ class LoadSpec:
         record = backends.check(name, *self.specs)
         if why := record.setting_problem(self.quantize, self.draft_quant, self.draft_vocab):
             raise PacerError(why)
-        if self.dtype != "auto" and record.dtypes and self.dtype not in record.dtypes:
-            raise PacerError(f"dtype must be auto or one of {', '.join(record.dtypes)}, got '{self.dtype}'")
+        known = record.dtypes or backends.dtypes()  # (a backend without a choice runs the file's own types)
+        if self.dtype != "auto" and self.dtype not in known:
+            raise InvalidValue(f"dtype must be auto or one of {', '.join(known)}, got '{self.dtype}'")
         return replace(self, backend=name, device=device, threads=threads, resolved=True)
 
     @classmethod
