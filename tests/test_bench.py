@@ -1256,3 +1256,17 @@ def test_a_dataset_listed_twice_is_refused(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "--dataset lists dev twice" in err and "\n" not in err
     assert not (tmp_path / "b").exists()
+
+
+def test_a_first_question_over_the_context_does_not_fail_the_warm_up(tmp_path):
+    """The warm-up ran on the first question only: one longer than the context failed the whole run there, while the
+    same question later in the file is skipped. The warm-up takes the first question that fits."""
+    q = tmp_path / "q.jsonl"
+    q.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["word " * 3000]}) + "\n"
+                 + json.dumps({"question_id": 2, "category": "qa", "turns": ["What is 2+2?"]}) + "\n")
+    out = tmp_path / "o"
+    assert main(["bench", "--quick", "--questions", str(q), "--max-new-tokens", "4", "--no-progress",
+                 "--methods", "ar,sd:gamma=2", "--out", str(out)]) == 0
+    report = (out / "report.md").read_text()
+    assert "every method not run on" in report and "PARTIAL RUN" not in report
+    assert {str(r["question_id"]) for r in rec_io.read_answers(out / "answers.jsonl")[0]} == {"2"}

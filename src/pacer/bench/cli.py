@@ -573,7 +573,7 @@ def _run(args: argparse.Namespace, out: Path, specs: list, questions: list, prev
             f"processes distort wall times (speedups stay paired per question, but absolute tok/s suffer)")
     log(f"pacer bench: {len(questions)} question(s) x {len(specs)} method(s) x {args.repeats} repeat(s), "
         f"{args.max_new_tokens} new tokens per turn, {dtype}, {dec.threads} threads; warming up ...")
-    specs = warm_up(dec, specs, questions[0], args.max_new_tokens, args.skip_failing, log, decoders)
+    specs = warm_up(dec, specs, questions, args.max_new_tokens, args.skip_failing, log, decoders)
     labels = [s.label for s in specs]
     now = _dt.datetime.now().isoformat(timespec="seconds")
     load_at_start = None if load is None else round(load, 2)
