@@ -98,6 +98,12 @@ def test_token_ids_in_range_pass_as_they_are(dec):
     ({"options": {"ngram": 3}}, ValueError, "takes no option 'ngram'"),
     ({"min_draft": 3, "max_draft": 2}, ValueError, "must not exceed"),
     ({"method": "oracle", "sampling": SamplingConfig(1.0)}, ValueError, "greedy decoding only"),
+    # lookup_len 0 once turned phrase rounds off silently; sizes that allocate at once are bounded, the bound named
+    ({"method": "ouroboros", "options": {"lookup_len": 0}}, ValueError, "option lookup_len must be >= 1"),
+    ({"method": "ouroboros", "options": {"lookup_len": 10**9}}, ValueError, r"lookup_len must be <= 64 \(the most"),
+    ({"method": "lookup", "options": {"ngram": 10**7}}, ValueError, "option ngram must be <= 64"),
+    ({"method": "ouroboros", "options": {"pool_size": 10**12}}, ValueError, "option pool_size must be <= 200000"),
+    ({"gamma": 10**6}, ValueError, "option gamma must be <= 256"),
     ({"max_new_tokens": True}, TypeError, "max_new_tokens must be an integer"),  # True is not 1
     ({"max_new_tokens": False}, TypeError, "max_new_tokens must be an integer"),
     # what the loop runs instead of the method's own: of their types, for a method that drafts
@@ -189,3 +195,11 @@ def test_min_draft_equal_to_max_draft_is_a_fixed_length(dec):
 def test_load_spec_takes_a_path(tmp_path):
     spec = LoadSpec(target=Path(tmp_path / "t.gguf"), draft=tmp_path / "d.gguf")
     assert spec.target == str(tmp_path / "t.gguf") and spec.draft == str(tmp_path / "d.gguf")
+
+
+def test_a_phrase_drafter_made_in_code_refuses_lookup_len_0(dec):
+    """lookup_len 0 would turn the generation's own phrase rounds off silently: the drafter refuses it too."""
+    from pacer.drafters.phrase import PhraseDrafter
+
+    with pytest.raises(PacerError, match="lookup_len >= 1"):
+        PhraseDrafter(dec.pair.draft_backend(None), dec.pair.vocab, lookup_len=0)
