@@ -72,9 +72,12 @@ def test_dtype_auto_cold_through_the_cli_and_bench(pair, home, timed, capsys):
 
 # ---------------------------------------------------------------------------------------- lookup's calibration
 def _measures(monkeypatch) -> list[bool]:
-    """Count the calibrations measured (not read from the cache)."""
+    """Count the calibrations measured (not read from the cache). A busy machine's calibration is cached marked
+    noisy and measured again by the next run (by design): the tiny models' forwards, fractions of a millisecond,
+    spread that much on a shared machine, so noise is not judged here."""
     from pacer import calibration
 
+    monkeypatch.setattr(calibration, "NOISY", 1e9)
     real, seen = calibration.measure, []
 
     def measure(pair, *a, **kw):
