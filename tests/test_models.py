@@ -461,7 +461,7 @@ def test_the_sweep_spares_a_live_process_temporaries(tmp_path):
 
     home = tmp_path / "home"
     home.mkdir()
-    live = home / "gguf" / ".x.gguf.123.tmp"
+    live = home / "gguf" / ".x.gguf.123.pacer.tmp"
     live.parent.mkdir()
     live.write_bytes(b"being written")
     holder = subprocess.Popen([sys.executable, "-c", f"""

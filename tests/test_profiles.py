@@ -251,3 +251,27 @@ def test_with_the_machines_own_profile_the_clock_reproduces_the_wall_time(kind, 
     drafts_unpriced = sum(p.price(c) for c in stats.calls if c.role == TARGET) + overhead
     assert clock(p, stats.wall_time, stats.calls) > drafts_unpriced + 0.01
     assert not math.isnan(clock(half, 0.0, [])) and FORMAT == "pacer-profile/1"
+
+
+@pytest.mark.parametrize("field", ["target_cost", "tree_cost", "draft_cost", "target_prefill"])
+@pytest.mark.parametrize("value", [float("nan"), -0.1, 0.0, float("inf")])
+def test_a_profile_made_in_code_with_an_unusable_cost_is_refused_where_it_is_used(field, value, pairs):
+    """A :class:`Profile` built in code never meets the file reader: its NaN, negative, zero or infinite cost is
+    named by ``problems()`` and refused by every user of a profile object (the decoder, the vLLM proposer)."""
+    from pacer import PacerError as Refused
+    from pacer.integrations.vllm import load_costs
+
+    good = synthetic()
+    assert good.problems() == []
+    rows = dict(getattr(good, field))
+    if field == "target_prefill":
+        rows[32] = value
+    else:
+        rows[32] = {**rows[32], 2: value}
+    bad = synthetic(**{field: rows})
+    problems = bad.problems()
+    assert problems and str(value) in problems[0], problems
+    with pytest.raises(Refused, match="unusable costs"):
+        load_costs(bad)
+    with pytest.raises(Refused, match="unusable costs"):
+        pairs["close"].use_profile(bad)

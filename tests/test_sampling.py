@@ -430,3 +430,18 @@ def test_draw_samples_the_weights_exactly_and_never_a_zero():
         gen = torch.Generator().manual_seed(11)
         bad = np.bincount([broken(w, gen) for _ in range(20_000)], minlength=len(w))
         assert bad[p == 0].sum() > 0 or chi2_pvalue(bad, p) <= ALPHA
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-300, 5e-324, 1e-12])
+def test_a_tiny_temperature_is_the_argmax_not_an_overflow(temperature, close):
+    """``logits / 1e-40`` overflows to ±inf and the draw once returned the vocabulary's last id (EOS: empty text):
+    a tiny τ is the limit of sampling, the argmax (ties shared), so a generation at it is plain greedy decoding's,
+    for plain and speculative decoding."""
+    row = torch.tensor([[1.0, 5.0, 3.0, -2.0, 4.0]])
+    assert warp(row, SamplingConfig(temperature)).tolist() == [[0.0, 1.0, 0.0, 0.0, 0.0]]
+    tied = warp(torch.tensor([[7.0, 1.0, 7.0]]), SamplingConfig(temperature))
+    assert tied.tolist() == [[0.5, 0.0, 0.5]]
+    greedy = close.generate("hello world, this is", "ar", max_new_tokens=12).token_ids
+    cfg = SamplingConfig(temperature, seed=3)
+    for method in ("ar", "sd"):
+        assert close.generate("hello world, this is", method, max_new_tokens=12, sampling=cfg).token_ids == greedy

@@ -216,6 +216,31 @@ BAD = {
                           "up to 4"),  # OpenAI's limit
     "unknown verification rule": (json.dumps({"prompt": "x", "pacer": {"verify": "blocks"}}).encode(),
                                   "pacer.verify must be one of token, block, got 'blocks'"),
+    # the JSON reader's whole error surface, in a field the server does not even read
+    "nested deeper than Python reads": (b'{"prompt": "x", "user": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+                                        "nested deeper than 64 levels"),
+    "nested deeper than pacer reads": (b'{"prompt": "x", "user": ' + b"[" * 100 + b"]" * 100 + b"}",
+                                       "nested deeper than 64 levels"),
+    "an integer of 5000 digits": (b'{"prompt": "x", "user": ' + b"7" * 5000 + b"}", "4300"),
+    # an extension or option that is not an object is refused, never taken as the defaults
+    "pacer a list": (json.dumps({"prompt": "x", "pacer": []}).encode(), "'pacer' must be an object"),
+    "pacer 0": (json.dumps({"prompt": "x", "pacer": 0}).encode(), "'pacer' must be an object"),
+    "pacer false": (json.dumps({"prompt": "x", "pacer": False}).encode(), "'pacer' must be an object"),
+    "stream_options a string": (json.dumps({"prompt": "x", "stream_options": "yes"}).encode(), "'stream_options'"),
+    "model a number": (json.dumps({"prompt": "x", "model": 3}).encode(), "'model' must be a string"),
+    # options whose cost is unbounded, or that write a cache, from a client
+    "draft_vocab in a request": (json.dumps({"prompt": "x", "pacer": {"draft_vocab": 100}}).encode(),
+                                 "'pacer.draft_vocab' is the server's"),
+    "lookup_len past its bound": (json.dumps({"prompt": "x", "pacer": {"method": "ouroboros",
+                                                                       "lookup_len": 10**9}}).encode(),
+                                  "lookup_len must be <= 64"),
+    "ngram past its bound": (json.dumps({"prompt": "x", "pacer": {"method": "lookup", "ngram": 10**7}}).encode(),
+                             "ngram must be <= 64"),
+    "key_len past its bound": (json.dumps({"prompt": "x", "pacer": {"method": "ouroboros",
+                                                                    "key_len": 10**5}}).encode(),
+                               "key_len must be <= 16"),
+    "lookup_len 0": (json.dumps({"prompt": "x", "pacer": {"method": "ouroboros", "lookup_len": 0}}).encode(),
+                     "lookup_len must be >= 1"),
 }
 
 
@@ -237,6 +262,23 @@ def test_a_request_chooses_its_verification_rule(server, dec):
     assert parse_request(body, False, Defaults("sd", verify="block"), "m").sampling.verify == "block"
     body["pacer"] = {"verify": "token"}
     assert parse_request(body, False, Defaults("sd", verify="block"), "m").sampling.verify == "token"
+
+
+def test_a_body_past_the_bound_is_refused_before_it_is_read_whole(server):
+    from pacer.serve.protocol import MAX_BODY
+
+    body = json.dumps({"prompt": "x", "user": "y" * MAX_BODY}).encode()
+    r = httpx.post(server.url + "/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "larger than 8 MiB" in r.json()["error"]["message"]
+
+    def chunks():  # no Content-Length: refused while it streams in
+        yield b'{"prompt": "x", "user": "'
+        for _ in range(MAX_BODY >> 16):
+            yield b"y" * (1 << 17)
+        yield b'"}'
+
+    r = httpx.post(server.url + "/v1/completions", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "the most the server reads" in r.json()["error"]["message"]
 
 
 def test_four_stop_strings_are_taken(server):
@@ -281,8 +323,10 @@ def test_pacer_serve_subcommand_end_to_end(tmp_path):
     base = [sys.executable, "-m", "pacer", "serve", "--target", str(t), "--draft", str(d), "--dtype", "float32",
             "--threads", "1"]
     bad = subprocess.run([*base, "--speculative-config", "{nope"], capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
-        "pacer: error: --speculative-config is not JSON (Expecting property name enclosed in double quotes)"]
+    lines = bad.stderr.strip().splitlines()
+    assert bad.returncode == 2 and len(lines) == 1 and lines[0].startswith(
+        "pacer: error: --speculative-config cannot be read: not valid JSON (Expecting property name enclosed in "
+        "double quotes")
     bad = subprocess.run([*base, "--speculative-config", '{"method": "sd", "num_speculative_tokens": 0}'],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--max-draft must be >= 1" in bad.stderr

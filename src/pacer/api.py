@@ -18,11 +18,11 @@ from . import models
 from .costs import Costs
 from .decoding import Drafter, GenerationResult, Output, autoregressive_generate, speculative_generate
 from .decoding.stats import GenerationStats
-from .errors import InvalidType
+from .errors import InvalidType, InvalidValue
 from .factory import MethodFactory
 from .pair import LoadSpec, Pair
 from .policies.base import DraftPolicy
-from .prompt import check_stop
+from .prompt import check_prompt_ids, check_stop
 from .request import GenerationRequest, MethodRequest
 from .sampling import SamplingConfig
 
@@ -123,6 +123,7 @@ class Decoder:
         job = GenerationRequest.of(method, max_new_tokens, sampling, gamma=gamma, min_draft=min_draft,
                                    max_draft=max_draft, cost_aware=cost_aware, options=options)
         req, max_new_tokens = job.request, job.max_new_tokens
+        reference = check_overrides(req, policy, drafter, reference, self.pair.vocab)
         sampling = SamplingConfig() if job.sampling is None else job.sampling
         method = req.method
         ids = self.encode(prompt, chat, history)
@@ -153,6 +154,25 @@ class Decoder:
         stats.finish_reason = "context" if cut else out.finish_reason
         text = self.decode(out.ids, stop)
         return GenerationResult(text, list(out.ids), stats, extra)
+
+
+def check_overrides(req: MethodRequest, policy: object, drafter: object, reference: object,
+                    vocab: int) -> list[int] | None:
+    """:meth:`Decoder.generate`'s ``policy``, ``drafter`` (each of its type, for a method that drafts) and
+    ``reference`` (token ids of the pair's vocabulary) checked; returns the reference as a list."""
+    for name, value, kind in (("policy", policy, DraftPolicy), ("drafter", drafter, Drafter)):
+        if value is not None and not isinstance(value, kind):
+            raise InvalidType(f"{name} must be a {kind.__module__}.{kind.__name__} (or None: the method's own), got "
+                              f"{type(value).__name__}")
+    if (policy is not None or drafter is not None) and not req.drafts:
+        raise InvalidValue(f"method '{req.method}' drafts nothing: a policy or drafter would not be used; pass a "
+                           f"drafting method")
+    if reference is None:
+        return None
+    try:  # the target's greedy token ids for this prompt (what the oracle drafts against)
+        return check_prompt_ids(reference, vocab)
+    except (InvalidType, InvalidValue) as e:
+        raise type(e)(f"reference (the target's greedy token ids): {e}") from None
 
 
 def generate(prompt: str, method: str | MethodRequest = "sd", target: str = "default-target",

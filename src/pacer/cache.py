@@ -34,12 +34,24 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .errors import PacerError
-from .io import atomic_write_text
+from .io import TMP_SUFFIX, BadJson, atomic_write_text, read_json
 
 
 def pacer_home() -> Path:
-    """The cache folder: ``$PACER_HOME`` or ``~/.cache/pacer``."""
-    return Path(os.environ.get("PACER_HOME") or Path.home() / ".cache" / "pacer")
+    """The cache folder: ``$PACER_HOME`` or ``~/.cache/pacer``, as an absolute path (``~`` and ``~user`` expanded,
+    as a shell does; a quoted ``'~/x'`` once made a folder named ``~`` in the working directory). A ``~user`` of no
+    known user is a one-line :class:`PacerError`."""
+    text = os.environ.get("PACER_HOME")
+    if not text:
+        return Path.home() / ".cache" / "pacer"
+    try:
+        home = Path(text).expanduser()
+    except RuntimeError:  # ~user of no known user (or no home to expand ~ to)
+        home = Path(text)
+    if home.parts and home.parts[0].startswith("~"):
+        raise PacerError(f"PACER_HOME={text} names the home of an unknown user ({home.parts[0]}); set PACER_HOME to "
+                         f"an absolute path")
+    return home.absolute()
 
 
 def write_problem(path: Path, e: OSError) -> str:
@@ -120,7 +132,7 @@ class Store:
         if not path.exists():
             return None, ""
         try:
-            doc = json.loads(path.read_text())
+            doc = read_json(path, self.what, "")
             if doc.get("format") != self.format:
                 return None, f"{self.what} {path} is in another format"
             if canonical(doc.get("key")) != canonical(key):
@@ -128,6 +140,8 @@ class Store:
             if not isinstance(doc["payload"], dict) or doc.get("sha256") != checksum(doc["payload"]):
                 return None, f"{self.what} {path} is damaged (checksum mismatch)"
             return doc["payload"], ""
+        except BadJson as e:
+            return None, f"{self.what} {path} cannot be read ({e.reason})"
         except _READ_ERRORS as e:
             return None, f"{self.what} {path} cannot be read ({type(e).__name__})"
 
@@ -263,8 +277,8 @@ class FileRecord:
     def read(self, sha256: str | None = None) -> dict | None:
         """The record, or ``None`` when there is none, it cannot be read or it is of a file other than ``sha256``."""
         try:
-            rec = json.loads(self.path.read_text())
-        except (OSError, ValueError):
+            rec = read_json(self.path, "file record", "")
+        except BadJson:
             return None
         if not isinstance(rec, dict) or not isinstance(rec.get("blocks"), list) or \
                 (sha256 is not None and rec.get("sha256") != sha256):
@@ -322,14 +336,14 @@ class Manifest:
         hashed whole after a change of modification time or with ``full``, else in random blocks); else what is
         wrong, in a few words. A manifest of an older pacer (one sampled hash per file) has its files hashed whole
         once and is rewritten with blocks; re-stamped times are written back (where the folder can be written)."""
+        if not self.path.is_file() and not self.path.is_dir():
+            return "it has no manifest (made by an older pacer, or interrupted)"
         try:
-            doc = json.loads(self.path.read_text())
+            doc = read_json(self.path, "manifest", "")
             files = doc["files"]
             if doc.get("format") != "pacer-model-cache" or not isinstance(files, dict) or not files:
                 return "its manifest is not a pacer cache manifest"
-        except FileNotFoundError:
-            return "it has no manifest (made by an older pacer, or interrupted)"
-        except (OSError, ValueError, KeyError, TypeError):
+        except (BadJson, KeyError, TypeError):
             return "its manifest is unreadable"
         changed = False
         for name, want in files.items():
@@ -364,13 +378,13 @@ def write_folder(folder: Path, fill: Callable[[Path], object]) -> None:
     :func:`sweep_stale` removes. Another process may be reading ``folder``: call it under :class:`EntryLock`'s
     exclusive lock."""
     folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".tmp"))
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=TMP_SUFFIX))
     old = None
     try:
         fill(tmp)
         Manifest(tmp).write()
         if folder.exists():
-            old = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.old-", suffix=".tmp"))
+            old = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.old-", suffix=TMP_SUFFIX))
             os.replace(folder, old)  # (renaming a folder onto an empty one replaces it)
         os.replace(tmp, folder)
     except BaseException:
@@ -435,7 +449,8 @@ class EntryLock:
 
 # ------------------------------------------------------------------------------------------------ housekeeping
 def sweep_stale(home: Path | None = None) -> int:
-    """Remove the temporary ``.*.tmp`` files and folders that killed pacer processes left under ``home``; returns
+    """Remove the temporary ``.*.pacer.tmp`` files and folders that killed pacer processes left under ``home`` (only
+    pacer's own: another program's ``.tmp`` files stay); returns
     how many. Every pacer process holds a shared lock on ``home/.lock`` while it runs; the sweep runs only when it
     can take that lock exclusively (no other pacer process is alive, so none of the temporaries is live)."""
     import fcntl
@@ -455,7 +470,7 @@ def sweep_stale(home: Path | None = None) -> int:
         fcntl.flock(f.fileno(), fcntl.LOCK_SH)  # (a failed conversion may have dropped this process's own)
         return 0
     try:
-        for p in sorted(home.rglob(".*.tmp"), key=lambda p: -len(p.parts)):
+        for p in sorted(home.rglob(f".*{TMP_SUFFIX}"), key=lambda p: -len(p.parts)):
             try:
                 if p.is_dir() and not p.is_symlink():
                     shutil.rmtree(p)

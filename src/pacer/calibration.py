@@ -214,15 +214,16 @@ def load(key: dict) -> tuple[Calibration | None, str]:
     p, why = STORE.get(key)
     if p is None:
         return None, why
+    free = key.get("draft") is None  # no draft model (prompt lookup): its draft tokens cost nothing, c_d = 0
     try:
-        cal = Calibration(Costs.from_dict(p["costs"]), float(p["prefill"]), key, "cache",
+        cal = Calibration(Costs.from_dict(p["costs"], free_draft=free), float(p["prefill"]), key, "cache",
                           noisy=bool(p.get("noisy", False)), seconds=float(p.get("seconds", 0)),
                           measured=list(p.get("measured", [])))
     except BadField as e:
         return None, f"calibration cache {cache_path(key)} holds unusable costs ({e})"
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         return None, f"calibration cache {cache_path(key)} cannot be read ({type(e).__name__})"
-    bad = cal.costs.problems() or ([] if math.isfinite(cal.prefill) and cal.prefill >= 0 else
+    bad = cal.costs.problems(free) or ([] if math.isfinite(cal.prefill) and cal.prefill >= 0 else
                                    [f"target prefill is {cal.prefill}"])
     if bad:  # a file edited by hand with its checksum recomputed, say
         return None, f"calibration cache {cache_path(key)} holds unusable costs ({bad[0]})"

@@ -6,6 +6,7 @@ Every bad input ends with a one-line ``pacer: error: ...`` on stderr and exit st
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import re
 import sys
@@ -74,11 +75,12 @@ def cost_note(rep: dict) -> str:
     from .costs import Costs
 
     err = rep["calibration_error"]
+    curve = Costs.from_dict(rep["costs"], free_draft=True).curve()  # (c_d is 0 without a draft model: lookup)
     if not rep.get("length", True):
         return (f"[cost-aware] the draft length is the literal rule's; phrases and branches priced on costs "
-                f"({rep['source']}): {Costs.from_dict(rep['costs']).curve()} (--cost-aware off: not priced)")
+                f"({rep['source']}): {curve} (--cost-aware off: not priced)")
     return (f"[cost-aware] {rep['zero_rounds']}/{rep['rounds']} rounds drafted nothing (plain decoding steps); "
-            f"costs ({rep['source']}): {Costs.from_dict(rep['costs']).curve()}; per-token acceptance "
+            f"costs ({rep['source']}): {curve}; per-token acceptance "
             f"{rep['alpha']:.2f}" + (f", survival-score calibration error {err:.3f}" if err is not None else "")
             + " (--cost-aware off, --gamma or --threshold to override)")
 
@@ -126,7 +128,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
           + (" (int8 weight-only: measured faster here; lossless, the draft only proposes)"
              if dec.draft_info.weights.startswith("int8") and args.quantize == "none" else ""))
     if args.dtype == "auto" and record.auto_dtype:
-        print(f"dtype: {dec.target_info.dtype_name} (--dtype auto: {record.auto_dtype(dec.device, True)[1]})")
+        why = record.auto_dtype(dec.device, getattr(args, "progress", True))[1]
+        print(f"dtype: {dec.target_info.dtype_name} (--dtype auto: {why})")
     dec.generate("Hello", "ar", max_new_tokens=2)  # warm-up
     from .calibration import regime
 
@@ -310,6 +313,18 @@ def _join_negative_lists(argv: list[str]) -> list[str]:
     return out
 
 
+def os_problem(e: OSError) -> str:
+    """One line for a file or disk error: what failed, where, and what to do."""
+    where = f" ({e.filename})" if e.filename else ""
+    what = e.strerror or str(e) or type(e).__name__
+    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return f"{what}{where}: free some space (or pass a folder on another disk) and run again; what was being " \
+               f"written is not left half-written"
+    if e.errno in (errno.EISDIR, errno.ENOTDIR):
+        return f"{what}{where}: a folder stands where a file is written, or a file where a folder is; pass another path"
+    return f"{what}{where}; check the path and its permissions"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(_join_negative_lists(list(sys.argv[1:] if argv is None else argv)))
@@ -328,6 +343,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except PacerError as e:
         print(f"pacer: error: {as_flags(str(e))}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a file or disk problem that reached the top (a full disk mid-run): one line, as above
+        print(f"pacer: error: {os_problem(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"\npacer: interrupted after {time.perf_counter() - start:.0f}s", file=sys.stderr)

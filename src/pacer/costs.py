@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,9 +97,10 @@ class Costs:
                    read_curve(d.get("tree") or {}, "'tree'", empty=True),
                    read_curve(d.get("draft_curve") or {}, "'draft_curve'", empty=True))
 
-    def problems(self) -> list[str]:
-        """What makes these costs unusable (empty: none): every value finite, ``c_t`` and ``c_d`` positive,
-        prefill costs non-negative."""
+    def problems(self, free_draft: bool = False) -> list[str]:
+        """What makes these costs unusable (empty: none): every value finite, ``c_t`` and ``c_d`` positive
+        (``free_draft``: ``c_d`` may be 0, a pair without a draft model: looked-up tokens cost nothing), prefill
+        costs non-negative."""
         bad = []
         for name, curve in (("target", self.target), ("tree", self.tree), ("draft", self.draft_curve)):
             for k, v in curve.items():
@@ -106,7 +108,7 @@ class Costs:
                     bad.append(f"{name} cost at k={k} is {v}")
         if not self.target:
             bad.append("no target costs")
-        if not (math.isfinite(self.draft) and self.draft > 0):
+        if not (math.isfinite(self.draft) and (self.draft > 0 or (free_draft and self.draft == 0))):
             bad.append(f"draft cost is {self.draft}")
         for name, v in (("draft prefill", self.draft_prefill), ("policy check", self.policy_per_check)):
             if not (math.isfinite(v) and v >= 0):
@@ -147,6 +149,12 @@ def show_value(v: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def show_key(k: Any) -> str:
+    """An object's key as a message shows it: its ``repr``, cut at 40 characters."""
+    text = repr(k)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _required(d: dict, key: str) -> Any:
     if key not in d:
         raise BadField(f"no {key!r}")
@@ -170,7 +178,8 @@ def read_seconds(v: Any, name: str, zero: bool = False) -> float:
 
 def read_count(v: Any, name: str, least: int, key: bool = False) -> int:
     """A count read from a file: a JSON integer (``key``: an object key, a string holding one), ``>= least``."""
-    n = int(v) if key and isinstance(v, str) and v.strip().lstrip("-").isdigit() else v
+    # ASCII digits only ('²'.isdigit() is true, int('²') fails), and few enough for int() (4300 at most)
+    n = int(v) if key and isinstance(v, str) and re.fullmatch(r"\s*-?[0-9]{1,18}\s*", v) else v
     if isinstance(n, bool) or not isinstance(n, int) or n < least:
         raise BadField(f"{name} is {show_value(v)} (want an integer >= {least})")
     return n
@@ -183,7 +192,8 @@ def read_curve(d: Any, name: str, empty: bool = False) -> dict[int, float]:
         raise BadField(f"{name} is {show_value(d)} (want an object {{k: seconds}})")
     if not d and not empty:
         raise BadField(f"{name} is empty (want {{k: seconds}} with at least one k)")
-    return {read_count(k, f"{name} k {k!r}", 1, key=True): read_seconds(v, f"{name}[{k!r}]") for k, v in d.items()}
+    return {read_count(k, f"{name} k {show_key(k)}", 1, key=True): read_seconds(v, f"{name}[{show_key(k)}]")
+            for k, v in d.items()}
 
 
 #: how much dearer a prefill may be per token than a token of the curve's longest forward (:func:`prefill_doubt`)

@@ -15,7 +15,7 @@ from .calibration import Calibration
 from .costs import Costs
 from .decoding import Drafter
 from .drafters.token import TokenDrafter
-from .errors import PacerError
+from .errors import InvalidType, InvalidValue, PacerError
 from .pair import Pair
 from .policies.base import DraftPolicy
 from .policies.cost_aware import CostAwarePolicy, CostMemory
@@ -57,8 +57,13 @@ class MethodFactory:
         """Decide with another machine's measured costs (a :class:`pacer.profiles.Profile` of this pair and
         backend; refused otherwise): the cost-aware rule takes the profile's curve (not refined by this
         machine's timings). Returns notes on softer differences (the draft's dtype or vocabulary)."""
-        from .profiles import pair_of
+        from .profiles import Profile, pair_of
 
+        if not isinstance(profile, Profile):
+            raise InvalidType(f"profile must be a pacer.profiles.Profile (Profile.load(FILE)), got "
+                              f"{type(profile).__name__}")
+        if bad := profile.problems():  # one built in code never met the file reader's checks
+            raise InvalidValue(f"the cost profile {profile.name} holds unusable costs ({bad[0]})")
         rows = self.draft_rows(self.draft_vocab) if self.pair.draft_info is not None else None
         notes = profile.check_pair(*pair_of(self.pair, rows))
         self._calibrations = {None: Calibration(profile.costs(), source=f"profile {profile.name}")}

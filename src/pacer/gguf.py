@@ -39,6 +39,7 @@ from .cache import (
     write_folder,
 )
 from .errors import PacerError
+from .io import TMP_SUFFIX
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,7 @@ def _assemble(spec: GgufSpec, out: Path, progress: bool) -> Path:
     total = sum(f.stat().st_size for f in files)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=TMP_SUFFIX)
     except OSError as e:
         raise unwritable(out, e, f"the assembled {spec.role} GGUF") from None
     h = BlockHasher()

@@ -11,7 +11,6 @@ requested dtype under ``$PACER_HOME`` (:mod:`pacer.backends.transformers`).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ import torch
 from .cache import file_sha256, pacer_home
 from .errors import PacerError
 from .gguf import DEFAULT_NAMES
+from .io import read_json
 
 if TYPE_CHECKING:
     from .decoding.backend import ModelBackend
@@ -110,8 +110,8 @@ def configured_vocab(spec: str, dtype: str = "bfloat16", home: Path | None = Non
         folders = [Path(spec).expanduser()]
     for folder in folders:
         try:
-            return int(json.loads((folder / "config.json").read_text())["vocab_size"])
-        except (OSError, ValueError, KeyError, TypeError):
+            return int(read_json(folder / "config.json", "the model's config", "")["vocab_size"])
+        except (ValueError, KeyError, TypeError):  # (BadJson is a ValueError)
             continue
     return None
 

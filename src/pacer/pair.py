@@ -243,8 +243,9 @@ class LoadSpec:
         record = backends.check(name, *self.specs)
         if why := record.setting_problem(self.quantize, self.draft_quant, self.draft_vocab):
             raise PacerError(why)
-        if self.dtype != "auto" and record.dtypes and self.dtype not in record.dtypes:
-            raise PacerError(f"dtype must be auto or one of {', '.join(record.dtypes)}, got '{self.dtype}'")
+        known = record.dtypes or backends.dtypes()  # (a backend without a choice runs the file's own types)
+        if self.dtype != "auto" and self.dtype not in known:
+            raise InvalidValue(f"dtype must be auto or one of {', '.join(known)}, got '{self.dtype}'")
         return replace(self, backend=name, device=device, threads=threads, resolved=True)
 
     @classmethod

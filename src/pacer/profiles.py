@@ -38,7 +38,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .costs import BadField, Costs, interpolate, prefill_doubt, read_count, read_curve, read_seconds, show_value
+from .costs import (
+    BadField,
+    Costs,
+    interpolate,
+    prefill_doubt,
+    read_count,
+    read_curve,
+    read_seconds,
+    show_key,
+    show_value,
+)
 from .decoding.meter import DRAFT, TARGET, Call
 from .errors import PacerError
 
@@ -69,8 +79,8 @@ def _curves(d: object, name: str, empty: bool = False) -> Curves:
     if not isinstance(d, dict) or (not d and not empty):
         what = "missing" if d is None else "empty" if d == {} else f"{type(d).__name__} {show_value(d)}"
         raise BadField(f"'{name}' is {what} (want an object {{context: {{k: seconds}}}})")
-    return {read_count(c, f"'{name}' context {c!r}", 0, key=True): read_curve(row, f"'{name}'[{c!r}]")
-            for c, row in d.items()}
+    return {read_count(c, f"'{name}' context {show_key(c)}", 0, key=True):
+            read_curve(row, f"'{name}'[{show_key(c)}]") for c, row in d.items()}
 
 
 def _text(d: dict, key: str, required: bool = True) -> str:
@@ -260,12 +270,12 @@ class Profile:
                 raise BadField("'notes' is not a list of strings")
             p = cls(_text(d, "name"), _object(d, "machine"), _text(d, "backend"), _text(d, "runtime", False),
                     _object(d, "target"), draft, _curves(d.get("target_cost"), "target_cost"),
-                    {read_count(n, f"'target_prefill' tokens {n!r}", 1, key=True):
-                     read_seconds(v, f"'target_prefill'[{n!r}]") for n, v in prefill.items()},
+                    {read_count(n, f"'target_prefill' tokens {show_key(n)}", 1, key=True):
+                     read_seconds(v, f"'target_prefill'[{show_key(n)}]") for n, v in prefill.items()},
                     _curves(d.get("draft_cost"), "draft_cost", empty=True),
                     read_seconds(d.get("draft_prefill", 0.0), "'draft_prefill'", zero=True),
                     _curves(d.get("tree_cost"), "tree_cost", empty=True),
-                    {str(k): read_seconds(v, f"'policy_check'[{k!r}]", zero=True) for k, v in checks.items()},
+                    {str(k): read_seconds(v, f"'policy_check'[{show_key(k)}]", zero=True) for k, v in checks.items()},
                     _text(d, "measured", False), _text(d, "source", False), list(notes))
             if draft is not None and not p.draft_cost:
                 raise BadField("'draft_cost' is empty, but the profile has a draft model (its forwards are priced "
@@ -278,14 +288,11 @@ class Profile:
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
+        from .io import read_json
+
         path = Path(path)
-        try:
-            doc = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise PacerError(f"cost profile {path} does not exist (shipped ones: docs/profiles/)") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise PacerError(f"cost profile {path} cannot be read ({type(e).__name__}); pass a file written by "
-                             f"`pacer calibrate --export`") from None
+        doc = read_json(path, "cost profile", "pass a file written by `pacer calibrate --export` (shipped ones: "
+                        "docs/profiles/)")
         return cls.from_dict(doc, f"cost profile {path}")
 
     def save(self, path: str | Path) -> None:

@@ -41,6 +41,10 @@ from .native import row_stats_kernel
 #: the verification rules of sampling: token by token (Leviathan et al. 2023) or the block jointly (Sun et al. 2025)
 VERIFY_RULES = ("token", "block")
 
+#: below this temperature :func:`warp` divides the logits exactly (shifted by their maximum, in float64) instead of
+#: in float32 as they are
+EXACT_BELOW = 1e-3
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -96,7 +100,12 @@ def warp(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     logits = logits.float()
     if cfg.greedy:
         return torch.softmax(logits, dim=-1)
-    logits = logits / cfg.temperature
+    if cfg.temperature >= EXACT_BELOW:
+        logits = logits / cfg.temperature
+    else:  # a tiny τ (1e-40) overflows l / τ to ±inf (inf - inf is NaN): shifted by the maximum first, in float64,
+        # every logit but the largest goes to -inf and the largest stay 0 (the argmax, ties shared): the exact limit
+        shifted = logits.double() - logits.amax(-1, keepdim=True).double()
+        logits = (shifted / cfg.temperature).float()
     if cfg.top_k and cfg.top_k < logits.shape[-1]:
         kth = torch.topk(logits, cfg.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -129,6 +129,11 @@ def names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
+def dtypes() -> tuple[str, ...]:
+    """Every weights dtype a registered backend takes (what ``dtype`` may name besides ``auto``)."""
+    return tuple(dict.fromkeys(d for b in _REGISTRY.values() for d in b.dtypes))
+
+
 def get(name: str) -> Backend:
     """The backend called ``name``, or a one-line error listing the known ones."""
     try:

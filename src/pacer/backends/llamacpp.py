@@ -496,6 +496,10 @@ def auto_draft_quant(draft: LoadedModel, reps: int = 5) -> LoadedModel:
         print(f"pacer: note: the {DRAFT_TYPE} copy of the draft cannot be written ({write_problem(where, e)}); "
               f"drafting with the file as it is (set PACER_HOME to a folder you can write to have it)", file=sys.stderr)
         return draft
+    except PacerError as e:  # llama.cpp could not write it (a full disk, say; nothing is left of it): the same
+        print(f"pacer: note: the {DRAFT_TYPE} copy of the draft cannot be made ({e}); drafting with the file as it "
+              f"is", file=sys.stderr)
+        return draft
     times = {kind: token_seconds(m.open(), draft.vocab_size, reps)
              for kind, m in (("none", draft), (DRAFT_TYPE, copy))}
     choice = DRAFT_TYPE if times[DRAFT_TYPE] <= DRAFT_MARGIN * times["none"] else "none"

@@ -23,7 +23,7 @@ from transformers import DynamicCache
 
 from ..cache import file_sha256, pacer_home, sweep_stale
 from ..decoding.backend import Hidden, ModelBackend, Tree
-from ..errors import PacerError
+from ..errors import InvalidValue, PacerError
 from ..gguf import DEFAULT_NAMES, assemble_gguf, cached_conversion, first_line, no_progress_bars
 from ..machine import STORE, machine_key
 from ..models import DTYPES, LoadedModel, folder_fingerprint
@@ -306,8 +306,10 @@ def dtype_cost(t1: float, t_chunk: float) -> float:
     return DTYPE_PROMPT / DTYPE_CHUNK * t_chunk + DTYPE_NEW * t1
 
 
-def choose_dtype(device: torch.device | str = "cpu", reps: int = 5, progress: bool = True) -> tuple[str, str]:
-    """``(dtype, why)``: the weights dtype ``--dtype auto`` loads the transformers backend's models in.
+def choose_dtype(device: torch.device | str = "cpu", progress: bool = True, *, reps: int = 5) -> tuple[str, str]:
+    """``(dtype, why)``: the weights dtype ``--dtype auto`` loads the transformers backend's models in (the
+    record's ``auto_dtype(device, progress)``: ``progress`` says on stderr that it times; ``reps`` is keyword-only,
+    so that a positional ``progress`` never becomes a count of repetitions).
 
     On CUDA: ``bfloat16`` where the GPU has it natively (compute capability >= 8), else ``float16``. On a CPU
     :data:`DTYPE_COPIES` linear layers of shape :data:`DTYPE_SHAPE` (together larger than a CPU's last-level cache,
@@ -327,6 +329,8 @@ def choose_dtype(device: torch.device | str = "cpu", reps: int = 5, progress: bo
     cached, _ = STORE.get(key)
     cost = cached.get("cost") if cached is not None else None
     if not (isinstance(cost, dict) and all(isinstance(cost.get(d), float) and cost[d] > 0 for d in CPU_DTYPES)):
+        if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
+            raise InvalidValue(f"reps must be an integer >= 1, got {reps!r}")
         if progress:
             print("pacer: timing bfloat16 and float32 matrix kernels on this CPU for --dtype auto (once, seconds)",
                   file=sys.stderr)

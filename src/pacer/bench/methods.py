@@ -16,6 +16,7 @@ takes ``schedule``, ``tokens`` and ``threshold``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -174,10 +175,18 @@ def _same_checkpoint(raw: str, path: str, ckpt: str) -> None:
                          f"pass path={ckpt} or --validation {path}")
 
 
+#: the most methods ``--methods`` may list, ranges expanded (each runs every question: a benchmark of more is days)
+MAX_METHODS = 64
+#: ``A..B``: two integers of at most 9 digits (ASCII; a larger one is refused by the option's own range anyway)
+_RANGE = re.compile(r"(-?[0-9]{1,9})\.\.(-?[0-9]{1,9})")
+
+
 def parse_methods(text: str, validation: Callable[[], dict[str, dict]] | None = None) -> list[MethodSpec]:
     """Parse ``--methods``: comma-separated ``name:key=val:...``; ``ar`` goes first (added if missing).
-    ``threshold=validation`` takes the rule's threshold from ``validation()`` (:func:`validation_thresholds`)."""
+    ``threshold=validation`` takes the rule's threshold from ``validation()`` (:func:`validation_thresholds`).
+    At most :data:`MAX_METHODS` methods, ranges expanded (refused before any is expanded)."""
     specs: list[MethodSpec] = []
+    labels: set[str] = set()
     for raw in (s.strip() for s in text.split(",")):
         if not raw:
             continue
@@ -191,10 +200,13 @@ def parse_methods(text: str, validation: Callable[[], dict[str, dict]] | None = 
             items.append((ALIASES.get(k, k), v))
         variants: list[list[tuple[str, object]]] = [[]]
         for k, v in items:
-            if ".." in v and all(s.strip().lstrip("-").isdigit() for s in v.split("..", 1)):
-                lo, hi = (int(s) for s in v.split("..", 1))
+            if (m := _RANGE.fullmatch(v.replace(" ", ""))) is not None:
+                lo, hi = int(m[1]), int(m[2])
                 if hi < lo:
                     raise PacerError(f"method '{raw}': empty range {v}")
+                if len(specs) + len(variants) * (hi - lo + 1) > MAX_METHODS:
+                    raise PacerError(f"method '{raw}': the range {v} makes more than {MAX_METHODS} methods, the most "
+                                     f"--methods runs; pass a shorter range")
                 values: list[object] = list(range(lo, hi + 1))
             elif k == "threshold" and v == VALIDATION:
                 chosen = (validation or (lambda: {}))().get(name)
@@ -216,9 +228,12 @@ def parse_methods(text: str, validation: Callable[[], dict[str, dict]] | None = 
             _check(name, opts, raw)
             label = ":".join([name, *(f"{k}={shown.get(k, v)}" for k, v in opts)])
             spec = MethodSpec(name, tuple(opts), label)
-            if spec.label in {s.label for s in specs}:
+            if spec.label in labels:
                 raise PacerError(f"method '{label}' is listed twice in --methods")
+            if len(specs) >= MAX_METHODS:
+                raise PacerError(f"--methods lists more than {MAX_METHODS} methods, the most it runs")
             specs.append(spec)
+            labels.add(spec.label)
     if not specs:
         raise PacerError("--methods is empty")
     ar = [s for s in specs if s.is_ar]

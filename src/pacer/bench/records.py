@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PacerError
-from ..io import atomic_write_text
+from ..io import BadJson, atomic_write_text, loads_json, read_bytes
 
 #: the label of the baseline every output is compared with, and of the anchor (another backend's plain decoding,
 #: not compared): :mod:`pacer.bench.methods`
@@ -64,8 +64,13 @@ def _is_int(v: Any, least: int = 0) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= least
 
 
+#: the most seconds a record's turn or forward may hold (a turn of 11 days is no measurement; a larger figure, 1e308
+#: say, would make a clock's overhead, wall time minus the forwards' seconds, hugely negative)
+MAX_SECONDS = 1e6
+
+
 def _is_seconds(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= MAX_SECONDS
 
 
 def _per_turn(c: dict, key: str, turns: int, ok, what: str, required: bool = False) -> None:
@@ -121,7 +126,7 @@ def check_record(rec: Any) -> dict:
         raise BadRecord(f"choices[0].{key} is {'missing' if key not in c else _show(ref)} (want one entry per "
                         f"turn)")
     n = len(ref)
-    _per_turn(c, "wall_time", n, _is_seconds, "seconds", True)
+    _per_turn(c, "wall_time", n, _is_seconds, f"seconds, at most {MAX_SECONDS:g}", True)
     _per_turn(c, "token_ids", n, _ints, "lists of token ids", True)
     _per_turn(c, "new_tokens", n, _is_int, "token counts", True)
     if [len(t) for t in c["token_ids"]] != c["new_tokens"]:
@@ -141,7 +146,12 @@ def check_record(rec: Any) -> dict:
     _per_turn(c, "turns", n, lambda x: isinstance(x, str), "texts")
     _per_turn(c, "finish_reason", n, lambda x: isinstance(x, str), "strings")
     _per_turn(c, "calls", n, lambda t: isinstance(t, list) and all(_call(x) for x in t),
-              "lists of [role, k, context, tree, seconds, rows] forwards")
+              f"lists of [role, k, context, tree, seconds <= {MAX_SECONDS:g}, rows] forwards")
+    for t, (calls, wall) in enumerate(zip(c.get("calls") or [], c["wall_time"], strict=False)):
+        # the forwards ran within the turn's wall time (each figure rounded to a microsecond)
+        if (spent := sum(x[4] for x in calls)) > wall + 1e-6 * (len(calls) + 1):
+            raise BadRecord(f"choices[0].calls of turn {t + 1} take {spent:.6g} s, more than its wall_time "
+                            f"{wall:.6g} s (the forwards run within it)")
     _per_turn(c, "breakdown", n, lambda b: isinstance(b, dict) and all(_is_seconds(v) for v in b.values()),
               "objects of seconds")
     _per_turn(c, "drafter", n, lambda d: isinstance(d, dict | None), "objects")
@@ -195,7 +205,7 @@ def read_answers(path: Path, greedy: bool | None = None, signed: bool = False) -
     path = Path(path)
     if not path.exists():
         return [], False
-    text = path.read_text(encoding="utf-8", errors="replace")
+    text = read_bytes(path, "the answers file", "restore it or start a new --out").decode("utf-8", errors="replace")
     lines = text.split("\n")
     records: list[dict] = []
     seen: dict[tuple, int] = {}
@@ -205,15 +215,15 @@ def read_answers(path: Path, greedy: bool | None = None, signed: bool = False) -
             continue
         last = no == len(lines)  # no newline after it: the write did not finish
         try:
-            rec = check_record(json.loads(line))
-        except (ValueError, BadRecord) as e:
+            rec = check_record(loads_json(line, "the record", ""))
+        except (BadJson, BadRecord) as e:
             if last:
                 torn = True
                 continue
             if isinstance(e, BadRecord):
                 raise PacerError(f"{path}:{no}: damaged answer record: {e}; restore the file or remove that "
                                  f"line") from None
-            raise PacerError(f"{path}:{no}: damaged answer record ({e}); remove that line to resume") \
+            raise PacerError(f"{path}:{no}: damaged answer record ({e.reason}); remove that line to resume") \
                 from None
         want = rec.get(DIGEST)
         if (want is None and signed) or (want is not None and want != digest(rec)):
@@ -251,6 +261,11 @@ def append(path: Path, rec: dict) -> None:
     """Append one record, signed (:func:`sign`), as a line and make it durable (flush + fsync) before returning."""
     line = json.dumps(sign(rec)) + "\n"
     with open(path, "a", encoding="utf-8") as f:
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
+        end = f.tell()
+        try:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+        except OSError:  # a full disk, say: no part of the record is left behind
+            f.truncate(end)
+            raise

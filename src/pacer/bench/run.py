@@ -57,12 +57,11 @@ def lock(out: Path):
 def read_meta(out: Path) -> dict:
     """``run.json`` of a run in ``out`` (``{}``: none), refused when it was changed by hand (its ``sha256`` is of
     the rest of it; files written before the checksum existed are taken as they are)."""
-    try:
-        meta = json.loads((out / "run.json").read_text())
-    except FileNotFoundError:
+    from ..io import read_json
+
+    if not (out / "run.json").exists() and not (out / "run.json").is_symlink():
         return {}
-    except (OSError, ValueError) as e:
-        raise PacerError(f"{out / 'run.json'} is unreadable ({e})") from None
+    meta = read_json(out / "run.json", "the run's record", "restore it or start a new --out")
     if not isinstance(meta, dict):
         raise PacerError(f"{out / 'run.json'} is not a pacer bench run.json; start a new --out")
     want = meta.pop("sha256", None)
@@ -95,6 +94,10 @@ def answers(out: Path, meta: dict) -> list[dict]:
     (:func:`pacer.bench.records.read_answers`: its verdicts by how it decoded, each record's checksum)."""
     from . import records as rec_io
 
+    if not meta:  # without it, neither how the run decoded nor whether its records are signed is known
+        raise PacerError(f"{out / 'run.json'} is missing: the records' lossless verdicts cannot be checked without "
+                         f"it (how the run decoded, that every record is signed); restore it or run the benchmark "
+                         f"again")
     return rec_io.read_answers(out / "answers.jsonl", greedy(meta), bool(meta.get("answers_signed")))[0]
 
 
@@ -274,7 +277,7 @@ def _warm_up(args: argparse.Namespace, dec, specs: list, questions: list, decode
             f"processes distort wall times (speedups stay paired per question, but absolute tok/s suffer)")
     log(f"pacer bench: {len(questions)} question(s) x {len(specs)} method(s) x {args.repeats} repeat(s), "
         f"{args.max_new_tokens} new tokens per turn, {dtype}, {dec.threads} threads; warming up ...")
-    return warm_up(dec, specs, questions[0], args.max_new_tokens, args.skip_failing, log, decoders)
+    return warm_up(dec, specs, questions, args.max_new_tokens, args.skip_failing, log, decoders)
 
 
 def _meta(args: argparse.Namespace, config: dict, methods_text: str, specs: list, questions: list, previous: dict,

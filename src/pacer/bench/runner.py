@@ -184,17 +184,23 @@ def order_shifts(questions: list[Question]) -> list[int]:
     return shifts
 
 
-def warm_up(dec, specs: list[MethodSpec], q: Question, max_new_tokens: int, skip_failing: bool,
-            log=print, decoders: dict | None = None) -> list[MethodSpec]:
-    """One short untimed generation per method (loads lazy parts, fills caches); a failing method is an error,
-    or is dropped with a warning under ``skip_failing``. ``decoders``: label -> the decoder that runs it (the
+def warm_up(dec, specs: list[MethodSpec], questions: Question | list[Question], max_new_tokens: int,
+            skip_failing: bool, log=print, decoders: dict | None = None) -> list[MethodSpec]:
+    """One short untimed generation per method (loads lazy parts, fills caches) on the first of ``questions`` whose
+    first turn fits the context (one that does not is skipped here as the run skips it); a failing method is an
+    error, or is dropped with a warning under ``skip_failing``. ``decoders``: label -> the decoder that runs it (the
     anchor's llama.cpp one), else ``dec``."""
     keep = []
+    questions = [questions] if isinstance(questions, Question) else list(questions)
     for spec in specs:
         try:
-            one = Question(q.dataset, q.question_id, q.category, q.turns[:1], q.chat)
-            run_question((decoders or {}).get(spec.label, dec), spec, one,
-                         min(8, max_new_tokens))
+            for q in questions:
+                one = Question(q.dataset, q.question_id, q.category, q.turns[:1], q.chat)
+                try:
+                    run_question((decoders or {}).get(spec.label, dec), spec, one, min(8, max_new_tokens))
+                    break
+                except ContextError:
+                    continue  # longer than the context: the run skips it; warm up on the next
         except KeyboardInterrupt:
             raise
         except Exception as e:  # noqa: BLE001 - any failure of a colleague's method must become one clear line

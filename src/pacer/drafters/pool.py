@@ -30,7 +30,7 @@ from collections import Counter, OrderedDict
 from pathlib import Path
 
 from ..errors import PacerError
-from ..io import atomic_write_text
+from ..io import atomic_write_text, read_json
 from ..pricing import Pricer
 
 SOURCES = ("prompt", "output", "verify", "lookahead")
@@ -216,14 +216,7 @@ def read_pool_file(path: Path | str, vocab: int | None = None) -> list:
     the vocabulary are a one-line :class:`PacerError` saying what to do. Run before any model loads (the option's
     preflight, ``vocab=None``) and again at load."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except OSError as e:
-        raise PacerError(f"phrase pool file {path} cannot be read ({e.strerror or e}); pass another pool_file "
-                         f"(or a new name)") from None
-    except ValueError as e:  # UnicodeDecodeError, JSONDecodeError
-        raise PacerError(f"phrase pool file {path} cannot be read (not JSON text: {type(e).__name__}); delete "
-                         f"it or pass another pool_file (or a new name)") from None
+    data = read_json(path, "phrase pool file", "delete it or pass another pool_file (or a new name)")
     if not isinstance(data, dict) or data.get("format") != "pacer-phrase-pool" \
             or not isinstance(data.get("entries"), list):
         raise PacerError(f"phrase pool file {path} cannot be read (not a pacer phrase pool); delete it or pass "

@@ -125,11 +125,14 @@ def load_costs(profile: Costs | Profile | dict | str | Path | None) -> tuple[Cos
         return profile, "given"
     source = "given"
     if isinstance(profile, str | Path):
+        from ..io import BadJson, read_json
+
         path = Path(profile)
         try:
-            profile = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise PacerError(f"cannot read the cost profile {path}: {e}") from e
+            profile = read_json(path, "the cost profile", "")
+        except BadJson as e:
+            raise PacerError(f"cannot read the cost profile {path}: {e.reason}; pass a file of `pacer calibrate "
+                             f"--export`") from None
         source = str(path)
     if isinstance(profile, dict) and profile.get("format") == PROFILE_FORMAT:
         p = Profile.from_dict(profile, f"cost profile {source}")

@@ -4,7 +4,7 @@ SpecDec++-style head); see :mod:`pacer.preverify`."""
 from __future__ import annotations
 
 from ..policies.base import DraftPolicy
-from .registry import Build, Method, Option, register
+from .registry import MAX_DRAFT, Build, Method, Option, register
 from .rules import THRESHOLD
 
 
@@ -22,7 +22,7 @@ def _checkpoint_folder(value: str) -> None:
 
 PATH = Option("path", str, "pacer / specdecpp checkpoint folder (default: the shipped one)", flag="--preverifier",
               path=True, preflight=_checkpoint_folder)
-BLOCK = Option("block", int, "pacer: block size b (default: the checkpoint's)", minimum=1)
+BLOCK = Option("block", int, "pacer: block size b (default: the checkpoint's)", minimum=1, maximum=MAX_DRAFT)
 
 
 def learned(kind: str):

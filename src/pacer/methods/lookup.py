@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..drafters.lookup import LookupDrafter
 from ..policies.rules import LookupPolicy
-from .registry import Build, Method, Option, register
+from .registry import MAX_KEY, MAX_PHRASE, Build, Method, Option, register
 
 
 def _policy(b: Build) -> LookupPolicy:
@@ -19,7 +19,7 @@ def _drafter(b: Build) -> LookupDrafter:
 register(Method("lookup", "prompt lookup: drafts the continuation of the longest matching n-gram of the prompt and "
                 "output (no draft model; drafted tokens cost no forward)", _policy, _drafter,
                 options=(Option("ngram", int, "ouroboros / lookup: phrase length (default 6 / 8)", to="drafter",
-                                minimum=1),
+                                minimum=1, maximum=MAX_PHRASE),
                          Option("key_len", int, "ouroboros / lookup: longest n-gram key (default 2 / 3)",
-                                to="drafter", minimum=1)),
+                                to="drafter", minimum=1, maximum=MAX_KEY)),
                 needs_draft=False))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..drafters.phrase import PhraseDrafter, PhraseOptions
 from ..drafters.pool import check_pool_file
 from .learned import BLOCK, PATH, learned
-from .registry import Build, Method, Option, register
+from .registry import MAX_KEY, MAX_PHRASE, Build, Method, Option, register
 from .rules import THRESHOLD, fixed
 
 #: pacer+ouroboros's siblings, chosen on the 40 development questions (8 kinds, 256 new tokens, greedy; AMD EPYC
@@ -16,13 +16,21 @@ from .rules import THRESHOLD, fixed
 #: pacer on coding and stem
 SIBLINGS = 4
 
+#: the largest phrase pool (entries, each a key and its continuation: at most about 100 MB), the most candidate or
+#: sibling branches of a round, and the largest tree one verification may score
+MAX_POOL, MAX_BRANCHES, MAX_TREE = 200_000, 16, 1024
+
 PHRASE_OPTIONS = (
-    Option("ngram", int, "ouroboros / lookup: phrase length (default 6 / 8)", to="drafter", minimum=1),
-    Option("pool_size", int, "ouroboros: phrase pool capacity in entries (default 20000)", to="drafter", minimum=1),
+    Option("ngram", int, "ouroboros / lookup: phrase length (default 6 / 8)", to="drafter", minimum=1,
+           maximum=MAX_PHRASE),
+    Option("pool_size", int, "ouroboros: phrase pool capacity in entries (default 20000)", to="drafter", minimum=1,
+           maximum=MAX_POOL),
     Option("candidates", int, "ouroboros: candidate phrases verified per round (default 2)", to="drafter",
-           minimum=0),
-    Option("candidate_len", int, "ouroboros: longest candidate phrase (default: ngram)", to="drafter", minimum=1),
-    Option("key_len", int, "ouroboros / lookup: longest n-gram key (default 2 / 3)", to="drafter", minimum=1),
+           minimum=0, maximum=MAX_BRANCHES),
+    Option("candidate_len", int, "ouroboros: longest candidate phrase (default: ngram)", to="drafter", minimum=1,
+           maximum=MAX_PHRASE),
+    Option("key_len", int, "ouroboros / lookup: longest n-gram key (default 2 / 3)", to="drafter", minimum=1,
+           maximum=MAX_KEY),
     Option("sources", str, "ouroboros: phrase sources, a subset of prompt,output,verify,lookahead", to="drafter"),
     Option("warm_start", bool, "ouroboros: share the pool across generations (default true)", to="drafter"),
     Option("pool_file", str, "ouroboros: load the pool from / save it to this file", to="drafter",
@@ -32,14 +40,14 @@ PHRASE_OPTIONS = (
     Option("siblings", int, "ouroboros: most sibling branches per round - the draft's second choice beside a draft "
            f"token, where the cost rule prices it as paying at the hit rate the drafter learnt (default 0; "
            f"pacer+ouroboros: {SIBLINGS})",
-           to="drafter", minimum=0),
+           to="drafter", minimum=0, maximum=MAX_BRANCHES),
     Option("choose", bool, "ouroboros: per round, the draft model, a phrase verified alone or both, by predicted "
            "payoff from what each earned in this generation (default true; greedy, under the cost rule)",
            to="drafter"),
     Option("lookup_len", int, "ouroboros: longest phrase a round verifies alone from the generation's own text "
-           "(default 16)", to="drafter", minimum=1),
+           "(default 16)", to="drafter", minimum=1, maximum=MAX_PHRASE),
     Option("tree_size", int, "ouroboros: most tokens one verification scores with the branches (0: no cap)",
-           to="drafter", minimum=0),
+           to="drafter", minimum=0, maximum=MAX_TREE),
 )
 
 

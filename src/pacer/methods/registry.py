@@ -91,7 +91,8 @@ class Option:
         if self.minimum is not None and value < self.minimum:
             raise InvalidValue(f"method '{method}': option {self.name} must be >= {self.minimum:g}, got {value}")
         if self.maximum is not None and value > self.maximum:
-            raise InvalidValue(f"method '{method}': option {self.name} must be <= {self.maximum:g}, got {value}")
+            raise InvalidValue(f"method '{method}': option {self.name} must be <= {self.maximum:g} (the most pacer "
+                               f"takes), got {value}")
         return value
 
 
@@ -160,12 +161,19 @@ class Method:
         return any(o.explicit for k in options if (o := self.option(k)) is not None)
 
 
+#: the most draft tokens of one round any setting may ask for (the measured best lengths are 4-16; a round of more
+#: costs that many draft forwards and one verification of them all)
+MAX_DRAFT = 256
+#: the longest phrase, n-gram key and candidate a phrase option may ask for (the defaults are 2-16 tokens; the pools
+#: hold an entry per key length and position, each with its continuation, so these sizes bound their memory)
+MAX_PHRASE, MAX_KEY = 64, 16
+
 #: the draft-length bounds and switches every drafting method takes (``Decoder.generate`` arguments)
 COMMON = (
     Option("gamma", int, "draft length of the fixed rules (sd, ouroboros; with the cost-aware rule their cap; "
-           "default 4); the initial length of heuristic", minimum=1, explicit=True),
-    Option("min_draft", int, "lower bound on draft tokens per round", minimum=0),
-    Option("max_draft", int, "upper bound on draft tokens per round", minimum=1),
+           "default 4); the initial length of heuristic", minimum=1, maximum=MAX_DRAFT, explicit=True),
+    Option("min_draft", int, "lower bound on draft tokens per round", minimum=0, maximum=MAX_DRAFT),
+    Option("max_draft", int, "upper bound on draft tokens per round", minimum=1, maximum=MAX_DRAFT),
     Option("cost_aware", bool, "draft a token only where it pays on this machine's measured costs (default: on "
            "unless gamma or a threshold is given)"),
 )

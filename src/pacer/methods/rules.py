@@ -4,7 +4,7 @@ confidence, entropy and cumulative probability (llama.cpp's ``--draft-p-min`` is
 from __future__ import annotations
 
 from ..policies.rules import ConfidencePolicy, CumProbPolicy, EntropyPolicy, FixedPolicy, HeuristicPolicy
-from .registry import Build, Method, Option, register
+from .registry import MAX_DRAFT, Build, Method, Option, register
 
 #: the length of the fixed rules when ``gamma`` is not given (their cap under the cost-aware rule)
 DEFAULT_GAMMA = 4
@@ -30,7 +30,7 @@ def threshold_of(b: Build) -> dict:
 register(Method("sd", "speculative decoding with a fixed draft length γ", fixed))
 register(Method("heuristic", "Hugging Face's schedule: γ += 2 after a fully accepted round, else γ -= 1", heuristic,
                 options=(Option("initial", int, "heuristic: initial draft length (default: gamma)", minimum=1,
-                                explicit=True),)))
+                                maximum=MAX_DRAFT, explicit=True),)))
 _THRESHOLD_HELP = ("threshold of confidence / pacer / specdecpp (a probability) or entropy (nats); default: the "
                    "cost-aware rule decides, else the rule's or checkpoint's own")
 #: a probability threshold (confidence, pacer, specdecpp)

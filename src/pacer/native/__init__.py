@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ..cache import pacer_home, sha256_file
-from ..io import atomic_write_text
+from ..io import TMP_SUFFIX, atomic_write_text, read_json
 
 SOURCE = Path(__file__).with_name("kernels.c")
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp-simd", "-shared", "-fPIC"]
@@ -124,13 +124,13 @@ def _build() -> Kernels | None:
     folder = pacer_home() / "native"
     lib_path, verdict = folder / f"kernels-{key}.so", folder / f"kernels-{key}.json"
     try:
-        doc = json.loads(verdict.read_text())
+        doc = read_json(verdict, "the native kernels' verdict", "")
         if doc.get("sha256") == sha256_file(lib_path):
             return Kernels(lib_path) if doc.get("ok") else None
     except (OSError, ValueError, AttributeError):
-        pass  # not built yet, or damaged: build again
+        pass  # not built yet, or damaged (BadJson is a ValueError): build again
     folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".build.", suffix=TMP_SUFFIX) as tmp:
         out = Path(tmp) / lib_path.name
         try:
             r = subprocess.run([cc, *FLAGS, "-o", str(out), str(SOURCE), *LIBS], capture_output=True, timeout=120)

@@ -153,15 +153,12 @@ def read_config(path: Path | str, whole: bool = True) -> tuple[dict, FeatureSpec
     ``config_sha256`` (written by :func:`write_config`) must match (a config written before the checksum existed
     is taken as it is), and every field it is read for must be of the right type and range; otherwise one line
     naming the file and the field (:class:`PacerError`). ``whole``: see :func:`_check_config`."""
+    from ..io import read_json
+
     cfg_path = Path(path) / "config.json"
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except FileNotFoundError:
-        raise PacerError(f"'{path}' is not a pre-verifier checkpoint (no config.json); make one with `pacer train`") \
-            from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PacerError(f"checkpoint config {cfg_path} is corrupt ({type(e).__name__}: {e}); retrain or "
-                         f"restore it") from None
+    if not cfg_path.exists():
+        raise PacerError(f"'{path}' is not a pre-verifier checkpoint (no config.json); make one with `pacer train`")
+    cfg = read_json(cfg_path, "checkpoint config", "it is corrupt: retrain or restore it")
     want = cfg.get("config_sha256") if isinstance(cfg, dict) else None
     if want is not None and want != config_sha256(cfg):
         raise PacerError(f"checkpoint config {cfg_path} was changed by hand (its config_sha256 does not match); "

@@ -30,16 +30,22 @@ def read_costs(path: str):
     """The costs JSON written by ``pacer tune --measure-costs``, or a cost profile (``pacer calibrate --export``,
     ``docs/profiles/``: its costs at a short context), so that thresholds are chosen under the profile a benchmark
     prices with; a bad file is a one-line error."""
+    from ..io import BadJson, read_json
+
+    make = "make one with pacer tune --measure-costs or pacer calibrate --export"
     try:
-        doc = json.loads(Path(path).read_text())
+        doc = read_json(path, "costs file", make)
+    except BadJson as e:
+        if e.reason == "missing" or e.reason.startswith(("a folder", "unreadable")):
+            raise PacerError(f"cannot read costs file {path}: {e.reason}") from None
+        raise PacerError(f"costs file {path} is not a costs JSON ({make}): {e.reason}") from None
+    try:
         if isinstance(doc, dict) and str(doc.get("format", "")).startswith("pacer-profile/"):
             from ..profiles import Profile
 
-            return Profile.load(path).costs()
+            return Profile.from_dict(doc, f"cost profile {path}").costs()
         return Costs.from_dict(doc)
-    except OSError as e:
-        raise PacerError(f"cannot read costs file {path}: {e.strerror or e}") from e
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise PacerError(f"costs file {path} is not a costs JSON (make one with pacer tune --measure-costs): "
                          f"{type(e).__name__}: {e}") from e
 

@@ -205,13 +205,17 @@ def shard_problem(folder: Path, name: str, record: dict | None) -> str | None:
 
 def read_manifest(path: Path) -> dict:
     """A collection's ``manifest.json``, or a one-line error saying what to do."""
+    from ..io import BadJson, read_json
+
     try:
-        manifest = json.loads(path.read_text())
-        if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), list):
-            raise ValueError("not a collection manifest")
-    except (OSError, ValueError) as e:
-        raise PacerError(f"{path} is damaged ({e}); delete the collection folder and collect again, or restore "
-                         f"the file") from None
+        manifest = read_json(path, "the collection manifest", "")
+        why = "" if isinstance(manifest, dict) and isinstance(manifest.get("shards"), list) else \
+            "not a collection manifest"
+    except BadJson as e:
+        why = e.reason
+    if why:
+        raise PacerError(f"{path} is damaged ({why}); delete the collection folder and collect again, or restore "
+                         f"the file")
     return manifest
 
 

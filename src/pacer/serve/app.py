@@ -14,7 +14,18 @@ from ..api import Decoder
 from ..errors import PacerError
 from ..streaming import TextStreamer
 from .metrics import Metrics, request_metrics
-from .protocol import FINISH, BadRequest, Defaults, chunk, error_body, parse_body, parse_request, response, usage
+from .protocol import (
+    FINISH,
+    BadRequest,
+    Defaults,
+    chunk,
+    error_body,
+    parse_body,
+    parse_request,
+    read_body,
+    response,
+    usage,
+)
 from .worker import Cancelled, Job, Worker
 
 
@@ -100,7 +111,7 @@ def build_app(decoder: Decoder, defaults: Defaults, model_name: str, queue_size:
         return await generate(request, chat=True)
 
     async def generate(request: Request, chat: bool):
-        req = parse_request(parse_body(await request.body()), chat, defaults, model_name)
+        req = parse_request(parse_body(await read_body(request)), chat, defaults, model_name)
         try:
             ids = decoder.encode(req.prompt, chat, req.history)
         except PacerError as e:  # e.g. longer than the context, no chat template

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import socket
 import sys
 
@@ -19,6 +18,7 @@ from ..args import (
     method_options,
 )
 from ..errors import PacerError
+from ..io import loads_json
 
 
 def register(subparsers) -> None:
@@ -50,10 +50,8 @@ def speculative_config(text: str | None) -> dict:
     """``--speculative-config`` as ``{"method": ..., "max_draft": ..., <options>}``."""
     if text is None:
         return {}
-    try:
-        cfg = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise PacerError(f"--speculative-config is not JSON ({e.msg})") from None
+    cfg = loads_json(text, "--speculative-config", "pass a JSON object, e.g. '{\"method\": \"pacer\", "
+                     "\"num_speculative_tokens\": 16}'", max_bytes=1 << 20)
     if not isinstance(cfg, dict):
         raise PacerError("--speculative-config must be a JSON object, e.g. '{\"method\": \"pacer\", "
                          "\"num_speculative_tokens\": 16}'")

@@ -22,7 +22,8 @@ import uuid
 from dataclasses import dataclass, field, replace
 
 from ..errors import PacerError
-from ..methods import path_options
+from ..io import loads_json
+from ..methods import DRAFT_VOCAB, path_options
 from ..prompt import check_stop
 from ..request import SETTINGS, GenerationRequest, MethodRequest
 from ..sampling import SamplingConfig
@@ -86,18 +87,50 @@ def _number(body: dict, key: str, kind: type, default, lo=None, hi=None):
     return v
 
 
+#: the largest request body the server reads (a prompt of a model's whole context is well under 1 MiB of text, or
+#: of token ids)
+MAX_BODY = 8 << 20
+
+
+async def read_body(request) -> bytes:
+    """The body of a Starlette ``request``, read up to :data:`MAX_BODY` bytes (a larger one is refused as soon as it
+    is seen: by its ``Content-Length``, else while it streams in)."""
+    too_large = BadRequest(f"the request body is larger than {MAX_BODY >> 20} MiB, the most the server reads; send "
+                           f"a shorter prompt", status=413)
+    size = request.headers.get("content-length", "")
+    if size.isascii() and size.isdigit() and len(size) < 20 and int(size) > MAX_BODY:
+        raise too_large
+    parts, n = [], 0
+    async for part in request.stream():
+        n += len(part)
+        if n > MAX_BODY:
+            raise too_large
+        parts.append(part)
+    return b"".join(parts)
+
+
 def parse_body(raw: bytes) -> dict:
+    """The request body: a JSON object of at most :data:`MAX_BODY` bytes, else :class:`BadRequest` (400) saying
+    why (not UTF-8, not JSON, nested too deep, a number Python cannot read, too large)."""
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise BadRequest("the request body is not UTF-8") from None
-    try:
-        body = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise BadRequest(f"the request body is not valid JSON ({e.msg} at position {e.pos})") from None
+        body = loads_json(raw, "the request body", "send a JSON object (OpenAI's request shape)",
+                          max_bytes=MAX_BODY)
+    except PacerError as e:
+        raise BadRequest(str(e)) from None
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     return body
+
+
+def _object(body: dict, key: str, shape: str) -> dict:
+    """An optional object field: absent or null is ``{}``; anything else but an object is refused (never taken as
+    the defaults)."""
+    v = body.get(key)
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise BadRequest(f"'{key}' must be an object: {shape}, got {json.dumps(v)[:40]}", param=key)
+    return v
 
 
 def parse_request(body: dict, chat: bool, defaults: Defaults, model: str) -> Request:
@@ -144,12 +177,10 @@ def parse_request(body: dict, chat: bool, defaults: Defaults, model: str) -> Req
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest("'stream' must be true or false", param="stream")
-    so = body.get("stream_options") or {}
-    include_usage = bool(so.get("include_usage")) if isinstance(so, dict) else False
-    ext = body.get("pacer") or {}
-    if not isinstance(ext, dict):
-        raise BadRequest("'pacer' must be an object: {\"method\": ..., options}", param="pacer")
-    ext = dict(ext)
+    include_usage = _object(body, "stream_options", '{"include_usage": true}').get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise BadRequest("'stream_options.include_usage' must be true or false", param="stream_options")
+    ext = dict(_object(body, "pacer", '{"method": ..., options}'))
     try:  # the verification rule is the sampling's (the server's own unless the request chooses)
         sampling = replace(sampling, verify=ext.pop("verify", defaults.verify))
     except PacerError as e:
@@ -158,6 +189,15 @@ def parse_request(body: dict, chat: bool, defaults: Defaults, model: str) -> Req
         if name in ext:
             raise BadRequest(f"'pacer.{name}' names a file or folder on the server, which a request may not choose "
                              f"(the server's own configuration sets it); leave it out", param=f"pacer.{name}")
+    if ext.get(DRAFT_VOCAB.name, "auto") not in ("auto", defaults.request.options.get(DRAFT_VOCAB.name, "auto")):
+        # another vocabulary is a corpus count and a calibration in the single worker, each cached on disk
+        raise BadRequest("'pacer.draft_vocab' is the server's (--draft-vocab at start): another one would count a "
+                         "corpus and measure costs in the decoding worker and write them to its cache; leave it out "
+                         "(or pass auto)",
+                         param="pacer.draft_vocab")
+    model_name = body.get("model")
+    if model_name is not None and not isinstance(model_name, str):
+        raise BadRequest("'model' must be a string", param="model")
     base = defaults.request
     method = ext.pop("method", base.method)
     if not isinstance(method, str):
@@ -170,7 +210,7 @@ def parse_request(body: dict, chat: bool, defaults: Defaults, model: str) -> Req
     except PacerError as e:
         raise BadRequest(str(e), param="pacer") from None
     return Request(chat, prompt, history, max_tokens, sampling, stop, stream, include_usage, request,
-                   str(body.get("model") or model))
+                   model_name or model)
 
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
