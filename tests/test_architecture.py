@@ -500,3 +500,58 @@ def test_the_architecture_page_draws_this_layout():
                                       "pacer.decoding", "pacer.methods", "pacer.request"))
     assert f"at most {DECODER_LINES} lines" in text
     assert "`pacer.models` is backend-independent" in text and "No import cycle" in text
+
+
+# ------------------------------------------------------------------------------------ pricing in one place
+#: what ``DraftPolicy`` may declare: what decides a length and the hooks around it; what a round costs and what
+#: extra work it may do is :mod:`pacer.pricing`'s
+POLICY_METHODS = {"reset", "should_continue", "update", "report", "prepare", "prefilled", "set_reference",
+                  "survival", "survival_next", "describe"}
+#: a cost curve's readers (:class:`pacer.costs.Costs`): only the pricer reads them where rounds are decided
+COST_READS = {"target_cost", "tree_cost", "draft_cost", "draft_prefill", "policy_per_check"}
+#: the modules where rounds are decided: the policies, the drafters and the loop
+DECIDING = (f"{ROOT}.policies", f"{ROOT}.drafters", f"{ROOT}.decoding")
+#: the longest class a drafter or the pricer may have (two screens)
+CLASS_LINES = 200
+
+
+def _methods(path: Path, name: str) -> set[str]:
+    cls = next(n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == name)
+    return {n.name for n in cls.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("__")}
+
+
+def test_draft_policy_decides_lengths_and_prices_nothing():
+    """``DraftPolicy`` keeps what decides a length; a pricing call (``branch_room``, ``draft_rate`` ...) added to it
+    fails here: it belongs to :class:`pacer.pricing.Pricer`."""
+    methods = _methods(SRC / ROOT / "policies" / "base.py", "DraftPolicy")
+    assert methods <= POLICY_METHODS, f"DraftPolicy declares {sorted(methods - POLICY_METHODS)} (pacer.pricing's)"
+    priced = _methods(SRC / ROOT / "pricing.py", "Pricer")
+    assert {"draft_rate", "phrase_rate", "branch_room", "sibling_room", "phrase_room"} <= priced
+    assert not priced & POLICY_METHODS
+
+
+def _cost_reads(path: Path) -> set[str]:
+    return {n.attr for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Attribute)} & COST_READS
+
+
+def test_only_the_pricer_reads_a_cost_curve_where_rounds_are_decided(tmp_path):
+    """No policy, drafter or loop module prices a forward itself (``costs.target_cost(k)``, ``c.draft_prefill``):
+    each asks the generation's pricer, so every cost of a round is priced by one object."""
+    deciding = {m: p for m, p in modules().items() if m.startswith(DECIDING)}
+    assert len(deciding) > 10
+    found = {m: sorted(r) for m, p in deciding.items() if (r := _cost_reads(p))}
+    assert not found, f"these price rounds outside pacer.pricing: {found}"
+    planted = tmp_path / "rule.py"
+    planted.write_text("def pays(costs, n):\n    return costs.target_cost(n + 1) < 2 * costs.target_cost(1)\n")
+    assert _cost_reads(planted) == {"target_cost"}
+    assert _cost_reads(SRC / ROOT / "pricing.py") >= {"target_cost", "tree_cost", "draft_cost", "draft_prefill"}
+
+
+def test_drafters_and_the_pricer_have_no_class_longer_than_two_screens():
+    long = {}
+    for m, path in modules().items():
+        if m.startswith(f"{ROOT}.drafters") or m == f"{ROOT}.pricing":
+            for n in ast.walk(ast.parse(path.read_text())):
+                if isinstance(n, ast.ClassDef) and n.end_lineno - n.lineno + 1 > CLASS_LINES:
+                    long[f"{m}.{n.name}"] = n.end_lineno - n.lineno + 1
+    assert not long, long
