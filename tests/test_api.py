@@ -173,14 +173,14 @@ def test_load_spec_values_are_checked_before_anything_loads(kwargs, words):
                                            ({"dtype": "float8"}, "dtype must be auto or one of"),
                                            ({"dtype": "bf16"}, "dtype must be auto or one of")])
 def test_load_spec_resolves_no_zero_threads_and_no_unknown_dtype(kwargs, words, backend, tmp_path, monkeypatch):
-    """``threads=0`` and a dtype no backend knows are refused when the spec resolves (before anything loads), on
-    every backend (llama.cpp, which has no dtype choice, too)."""
-    from pacer import models
+    """``threads=0`` and a dtype no backend knows are refused when the spec is made or resolves (before anything
+    loads), on every backend (llama.cpp, which has no dtype choice, too)."""
+    from pacer import backends
 
     pytest.importorskip("llama_cpp") if backend == "llamacpp" else None
-    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
-    spec = LoadSpec(str(tmp_path / "t.gguf"), str(tmp_path / "d.gguf"), backend=backend, **kwargs)
-    refused(ValueError, words, spec.resolve)
+    monkeypatch.setattr(backends, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    refused(ValueError, words, lambda: LoadSpec(str(tmp_path / "t.gguf"), str(tmp_path / "d.gguf"),
+                                                backend=backend, **kwargs).resolve())
 
 
 def test_min_draft_equal_to_max_draft_is_a_fixed_length(dec):

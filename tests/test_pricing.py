@@ -9,7 +9,7 @@ from pacer.costs import Costs
 from pacer.drafters.branches import LOOKUP
 from pacer.drafters.phrase import PhraseDrafter, PhraseOptions
 from pacer.drafters.sources import SourceEvidence
-from pacer.policies import DraftPolicy, DraftState, RoundResult
+from pacer.policies import DraftPolicy, DraftState, FixedPolicy, RoundResult
 from pacer.policies.cost_aware import CostAwarePolicy
 from pacer.pricing import CostMemory, CostPricer
 
@@ -161,3 +161,67 @@ def test_a_pool_round_is_priced_with_this_generations_evidence(pairs):
     assert pricer.pool_yields and pricer.pool_yields[0] == pytest.approx(d.branches.pool_yield(ids))
     assert pricer.pool_yields[0] < 0.05 and not draft.branches
     assert pricer.branch_room(0, None) > 0  # the learnt yield alone would have verified them
+
+
+# ------------------------------------------------------------------------------------ costs where they are paid
+#: flat below a 160-token context (drafting pays), steep from there on (a scored token costs most of a forward: it
+#: does not)
+STEEP_FROM = 160
+
+
+def steepening(context: int) -> Costs:
+    if context < STEEP_FROM:
+        return Costs(draft=0.05, target={1: 1.0, 2: 1.02, 8: 1.1, 32: 1.6}, draft_prefill=0.001)
+    return Costs(draft=0.05, target={1: 1.0, 2: 1.9, 8: 7.0, 32: 26.0}, draft_prefill=0.001)
+
+
+def test_the_rule_prices_a_round_at_the_context_it_runs_at():
+    """The same round is worth drafting after 32 tokens and not after 1,024 on a profile whose curve steepens with
+    the context. Fails where the rule prices every round at one context (the first: it would draft at both)."""
+    from pacer.costs import ContextCosts
+
+    rule = CostAwarePolicy(FixedPolicy(gamma=8, min_draft=0), ContextCosts(steepening), refine=0.0)
+    state = DraftState(remaining=100)
+    rule.pricer.at(32)
+    assert rule.should_continue(state)
+    rule.update(state, RoundResult(drafted=0, accepted=0))
+    rule.pricer.at(1024)
+    assert not rule.should_continue(state)
+    assert rule.pricer.costs.target_cost(2) == pytest.approx(1.9 * rule.pricer.costs.target_cost(1))
+    assert rule.costs.target_cost(8) > 6  # what the rule reports: the costs where it decided last
+
+
+def _per_round(stats) -> list[tuple[int, int]]:
+    """``(draft length, draft forwards)`` of every round after the prefill, from the ledger (each round makes
+    exactly one target forward, after its draft's)."""
+    rounds, drafts = [], 0
+    for call in stats.calls:
+        if call.role == "draft":
+            drafts += 1
+        else:
+            rounds.append(drafts)
+            drafts = 0
+    return list(zip(stats.draft_lengths[1:], rounds[1:], strict=True))
+
+
+def test_a_round_that_drafts_nothing_makes_no_draft_forward(pairs):
+    """A generation that crosses into a context where drafting no longer pays: before, rounds draft; after, every
+    round is a plain step with no draft forward at all (no catch-up, no peek), and the output is plain decoding's.
+    Fails where the pricer prices one context (it would keep drafting) or where a round that drafts nothing
+    still runs the draft."""
+    from pacer import Decoder
+    from pacer.costs import ContextCosts
+
+    close = pairs["close"]
+    dec = Decoder(close.pair, costs=ContextCosts(steepening))
+    ids = dec.encode("hello world, " * 12)[:120]  # 120 tokens: the generation crosses 160 after a few rounds
+    res = dec.generate(ids, "sd", max_new_tokens=90)
+    assert res.token_ids == dec.generate(ids, "ar", max_new_tokens=90).token_ids
+    rounds = _per_round(res.stats)
+    contexts = [len(ids) + 1 + sum(n + 1 for n in res.stats.accepted_counts[1:i + 1]) for i in range(len(rounds))]
+    assert STEEP_FROM % ContextCosts.STEP == ContextCosts.STEP // 2  # priced at the nearest step: none straddles it
+    early = [r for r, c in zip(rounds, contexts, strict=True) if c < STEEP_FROM]
+    late = [r for r, c in zip(rounds, contexts, strict=True) if c >= STEEP_FROM]
+    assert early and sum(g for g, _ in early) > 0  # drafting pays at a short context
+    assert late and all(g == 0 for g, _ in late), late  # not at a long one ...
+    assert all(f == 0 for g, f in rounds if g == 0), rounds  # ... and a round drafting nothing runs no draft

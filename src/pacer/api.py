@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from . import models
-from .costs import Costs
+from .costs import ContextCosts, Costs
 from .decoding import Drafter, GenerationResult, Output, autoregressive_generate, speculative_generate
 from .decoding.stats import GenerationStats
 from .errors import InvalidType, InvalidValue
@@ -39,7 +39,7 @@ class Decoder:
 
     def __init__(self, target: models.LoadedModel | Pair, draft: models.LoadedModel | None = None,
                  threads: int | None = None, draft_vocab: int | str | Sequence[int] | None = "auto",
-                 costs: Costs | None = None, progress: bool = True, draft_quant: str = "none",
+                 costs: Costs | ContextCosts | None = None, progress: bool = True, draft_quant: str = "none",
                  quantize: str = "none", device: str | torch.device | None = "auto") -> None:
         """``target``: a loaded :class:`~pacer.pair.Pair`, or a target model (with ``draft``, ``threads``,
         ``device``, ``quantize`` and ``draft_quant``, checked once by :meth:`~pacer.pair.LoadSpec.loaded`).
@@ -47,7 +47,8 @@ class Decoder:
         ``draft_vocab``: the default reduced draft vocabulary of every drafting method (:mod:`pacer.draftvocab`):
         ``"auto"`` 32,768 tokens where the draft's vocabulary is large enough for that to pay, else the full one;
         ``None``/0 the full vocabulary; an int ``S`` the ``S`` most frequent tokens of the held-out corpus; or ids.
-        ``costs``: the forward costs the cost-aware rule decides on (:mod:`pacer.costs`; by default measured on this
+        ``costs``: the forward costs the cost-aware rule decides on (:mod:`pacer.costs`; a
+        :class:`~pacer.costs.ContextCosts` prices each round at the context it runs at; by default measured on this
         machine once and cached, :mod:`pacer.calibration`). ``draft_quant``: ``"int8"`` runs the draft int8
         weight-only (:mod:`pacer.quantize`; lossless: the draft only proposes), ``"auto"`` where that measures
         faster here, ``"none"`` as loaded. ``quantize="int8"`` quantizes the target: a *different target*, whose
@@ -78,7 +79,7 @@ class Decoder:
                                  progress))
 
     @classmethod
-    def load(cls, spec: LoadSpec, costs: Costs | None = None) -> Decoder:
+    def load(cls, spec: LoadSpec, costs: Costs | ContextCosts | None = None) -> Decoder:
         """The decoder of a :class:`~pacer.pair.LoadSpec` (resolved and checked once, then loaded)."""
         return cls(spec.load(), draft_vocab=spec.draft_vocab, costs=costs, progress=spec.progress)
 

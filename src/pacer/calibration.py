@@ -37,13 +37,13 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from . import devices, timing
-from .costs import BadField, Costs, prefill_doubt
+from .costs import BadField, ContextCosts, Costs, prefill_doubt
 from .machine import FORMAT, STORE, cpu_identity
 
 #: the draft forwards measured besides one token: a phrase check over k new tokens (Ouroboros)
@@ -74,6 +74,15 @@ class Calibration:
     #: the cache file holding this calibration (``""``: not cached: a home that cannot be written, a noisy one over
     #: a quiet one, interrupted or given)
     cached: str = ""
+    #: the costs at every context, where they were measured at several (a profile's): ``costs`` is the first one
+    curve: ContextCosts | None = None
+
+    def by_context(self, policy_per_check: float) -> ContextCosts:
+        """What the pricer prices rounds with, the policy check included: the costs at every context where they
+        were measured at several, else :attr:`costs` at any."""
+        if self.curve is not None:
+            return self.curve.with_check(policy_per_check)
+        return ContextCosts.fixed(replace(self.costs, policy_per_check=policy_per_check))
 
     def payload(self) -> dict:
         # prefill_warm: timed after a warm-up (a cache without it may hold a cold one), so not checked again by load()

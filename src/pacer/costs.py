@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .errors import PacerError
@@ -216,6 +217,37 @@ def prefill_doubt(n: int, per_token: float, curve: dict[int, float]) -> str | No
     return (f"a {n}-token prefill at {per_token * 1e3:.1f} ms a token is {per_token / bound:.2f}x a token of the "
             f"{kmax}-token forward after {n} cached ({bound * 1e3:.1f} ms): contradicted by the curve (likely a "
             f"cold first forward)")
+
+
+class ContextCosts:
+    """Costs that depend on the context a forward runs at: :meth:`at` gives the :class:`Costs` of forwards after
+    ``context`` cached tokens (a profile measured at several contexts prices each forward there: on llama.cpp with
+    2 cores a 2-token forward costs 1.3 one-token forwards after 32 tokens and 1.8 after 500-1,000). ``costs_at``
+    makes them (e.g. :meth:`pacer.profiles.Profile.costs`); they are kept per :attr:`STEP` tokens of context (at
+    the nearest step),
+    made non-decreasing in ``k`` (:meth:`Costs.monotone`), with the policy check ``policy_per_check``."""
+
+    #: contexts are priced in steps of this many tokens (a forward's cost moves little within one)
+    STEP = 64
+
+    def __init__(self, costs_at: Callable[[int], Costs], policy_per_check: float = 0.0) -> None:
+        self.costs_at, self.policy_per_check = costs_at, policy_per_check
+        self._made: dict[int, Costs] = {}
+
+    @classmethod
+    def fixed(cls, costs: Costs) -> ContextCosts:
+        """The same costs at every context (a calibration measured at one context)."""
+        return cls(lambda _: costs, costs.policy_per_check)
+
+    def with_check(self, seconds: float) -> ContextCosts:
+        """The same costs with a policy check of ``seconds``."""
+        return ContextCosts(self.costs_at, seconds)
+
+    def at(self, context: int) -> Costs:
+        step = (max(0, context) + self.STEP // 2) // self.STEP * self.STEP  # the nearest step
+        if step not in self._made:
+            self._made[step] = replace(self.costs_at(step), policy_per_check=self.policy_per_check).monotone()
+        return self._made[step]
 
 
 def interpolate(curve: dict[int, float], k: int, clamp: bool = False) -> float:

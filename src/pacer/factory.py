@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
 
 import torch
 
 from . import methods
 from .calibration import Calibration
-from .costs import Costs
+from .costs import ContextCosts, Costs
 from .decoding import Drafter
 from .drafters.token import TokenDrafter
 from .errors import InvalidType, InvalidValue, PacerError
@@ -27,12 +26,14 @@ class MethodFactory:
     :class:`pacer.Decoder`."""
 
     def __init__(self, pair: Pair, draft_vocab: int | str | Sequence[int] | None = "auto",
-                 costs: Costs | None = None, progress: bool = True) -> None:
+                 costs: Costs | ContextCosts | None = None, progress: bool = True) -> None:
         self.pair = pair
         self.draft_vocab = draft_vocab
         self.progress = progress
         self._calibrations: dict[int | None, Calibration] = {}
-        if costs is not None:
+        if isinstance(costs, ContextCosts):  # costs by context: the rule prices each round where it runs
+            self._calibrations[None] = Calibration(costs.at(0), source="given", curve=costs)
+        elif costs is not None:
             self._calibrations[None] = Calibration(costs, source="given")
         self._given_costs = costs is not None
         self._cost_memory: dict[str, CostMemory] = {}
@@ -66,7 +67,9 @@ class MethodFactory:
             raise InvalidValue(f"the cost profile {profile.name} holds unusable costs ({bad[0]})")
         rows = self.draft_rows(self.draft_vocab) if self.pair.draft_info is not None else None
         notes = profile.check_pair(*pair_of(self.pair, rows))
-        self._calibrations = {None: Calibration(profile.costs(), source=f"profile {profile.name}")}
+        # the rule prices each round at the context it runs at, as the profile clock prices its forwards there
+        self._calibrations = {None: Calibration(profile.costs(), source=f"profile {profile.name}",
+                                                curve=ContextCosts(profile.costs))}
         self._given_costs = True
         return notes
 
@@ -119,7 +122,7 @@ class MethodFactory:
         if not aware and not (req.cost_aware is None and req.record.extras):
             return policy
         cal = self.calibration(rows)
-        costs = replace(cal.costs, policy_per_check=policy.check_seconds)
+        costs = cal.by_context(policy.check_seconds)
         # what the rule learned about this method on this pair carries over to its next generation (keyed by the
         # drafter's options too: what its branches yield is that drafter's; the vocabulary is in the rows' size;
         # and by the verification rule: block verification keeps other counts than token-level's)

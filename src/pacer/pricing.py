@@ -27,7 +27,7 @@ tokens is expected to yield ``E_n = 1 + Σ_{i<=n} S_i`` tokens in ``T_n = n (c_d
 
 from __future__ import annotations
 
-from .costs import Costs
+from .costs import ContextCosts, Costs
 from .rounds import DraftState, RoundResult
 
 
@@ -202,6 +202,10 @@ class Pricer:
     #: rounds are priced (``False``: this unpriced base)
     priced = False
 
+    def at(self, context: int) -> None:
+        """The next round runs after ``context`` committed tokens: price it there (the loop says so before every
+        round)."""
+
     def draft_rate(self, catch_up: int = 0, remaining: int = 0) -> float | None:
         """Expected committed tokens per second of a round that runs the draft model, its reading of ``catch_up``
         committed tokens it has not seen included (``None``: no cost model, no such estimate)."""
@@ -257,22 +261,32 @@ class CostPricer(Pricer):
     #: weight (in rounds) of the decoder's acceptance against this generation's own in :meth:`gen_alpha`
     GEN_WEIGHT = 4.0
 
-    def __init__(self, costs: Costs, memory: CostMemory | None = None, refine: float = 0.0, max_draft: int = 16,
-                 source: str = "") -> None:
-        self.base, self.memory, self.refine, self.max_draft = costs.monotone(), memory or CostMemory(), refine, \
-            max_draft
-        self.source = source
+    def __init__(self, costs: Costs | ContextCosts, memory: CostMemory | None = None, refine: float = 0.0,
+                 max_draft: int = 16, source: str = "") -> None:
+        self.curve = costs if isinstance(costs, ContextCosts) else ContextCosts.fixed(costs)
+        self.memory, self.refine, self.max_draft, self.source = memory or CostMemory(), refine, max_draft, source
         self.reset()
 
     # --------------------------------------------------------------------------------------- a generation
     def reset(self) -> None:
         """A new generation: the given costs again, no acceptance of its own yet."""
         self.scale_d = self.scale_t = 1.0
-        self.costs = self.base
+        self.context = 0
+        #: the costs at this round's context as given (:attr:`costs`: refined by this generation's timings)
+        self.base = self.costs = self.curve.at(0)
         self.rounds = 0
         #: this generation's own verdicts per draft position (:meth:`gen_alpha`): ``[accepted, trials]``
         self.gen_counts = [[0, 0] for _ in range(len(self.memory.hits))]
         self.start_round()
+
+    def at(self, context: int) -> None:
+        """Price the next round at ``context`` (every forward of it: the target's chain and tree, the draft's
+        forwards and its catch-up), refined by this generation's timings as before."""
+        self.context = context
+        base = self.curve.at(context)
+        if base is not self.base:
+            self.base = base
+            self.costs = base if self.scale_d == self.scale_t == 1.0 else base.scaled(self.scale_d, self.scale_t)
 
     def start_round(self) -> None:
         """A new round: nothing drafted, nothing spent."""

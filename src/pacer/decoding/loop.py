@@ -108,6 +108,7 @@ def speculative_generate(
             # 1. propose: at most what the policy, the budget (the round's target token is always emitted) and
             #    the context allow
             budget = min(policy.max_draft, out.remaining - 1, target.context - len(tokens) - 1)
+            pricer.at(len(tokens))  # the round is priced where it runs
             t0 = time.perf_counter()
             draft = drafter.propose(tokens, policy, max(budget, 0), sampling, gen, remaining=out.remaining,
                                     pricer=pricer)
