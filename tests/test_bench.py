@@ -484,9 +484,9 @@ def test_run_json_and_answers_are_read_by_the_checked_reader(tmp_path, capsys, c
         if name == "run.json":
             (out / "answers.jsonl").write_text(json.dumps(full_record("ar", AR_IDS)) + "\n")
         else:
-            from pacer.bench.cli import _write_meta
+            from pacer.bench.run import write_meta
 
-            _write_meta(out, {"command": "pacer bench --quick", "methods": ["ar"], "answers_signed": False})
+            write_meta(out, {"command": "pacer bench --quick", "methods": ["ar"], "answers_signed": False})
         p = out / name
         if content is None:
             p.mkdir()
@@ -1302,9 +1302,9 @@ def test_an_export_that_fails_part_way_leaves_no_file_of_it(tmp_path, monkeypatc
 
 
 def test_a_folder_where_the_run_writes_a_file_is_refused_before_any_model_loads(tmp_path, capsys, monkeypatch):
-    from pacer.bench import cli as bench_cli
+    from pacer.bench import run as bench_run
 
-    monkeypatch.setattr(bench_cli, "_load_decoder", lambda *a: pytest.fail("loaded a model"))
+    monkeypatch.setattr(bench_run, "_load", lambda *a: pytest.fail("loaded a model"))
     (tmp_path / "b" / "answers.jsonl").mkdir(parents=True)
     for resume in ([], ["--resume"]):
         assert main(["bench", "--quick", "--n", "1", "--methods", "ar", "--out", str(tmp_path / "b"), *resume]) == 2
@@ -1314,9 +1314,9 @@ def test_a_folder_where_the_run_writes_a_file_is_refused_before_any_model_loads(
 
 def test_a_dataset_listed_twice_is_refused(tmp_path, capsys, monkeypatch):
     """``--dataset dev,dev`` listed each question twice and a finished run reported "PARTIAL RUN 4 of 8"."""
-    from pacer.bench import cli as bench_cli
+    from pacer.bench import run as bench_run
 
-    monkeypatch.setattr(bench_cli, "_load_decoder", lambda *a: pytest.fail("loaded a model"))
+    monkeypatch.setattr(bench_run, "_load", lambda *a: pytest.fail("loaded a model"))
     rc = main(["bench", "--quick", "--dataset", "dev, dev", "--n", "2", "--methods", "ar", "--out",
                str(tmp_path / "b")])
     err = capsys.readouterr().err.strip()

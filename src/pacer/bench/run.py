@@ -134,8 +134,11 @@ def command_line(args: argparse.Namespace, methods: str) -> str:
         parts += ["--target", args.target, "--draft", args.draft, "--backend", args.backend]
         if backends.get(args.backend).dtypes:
             parts += ["--dtype", args.dtype]
-        if backends.get(args.backend).int8:
-            parts += ["--draft-quant", args.draft_quant, "--quantize", args.quantize]
+        record = backends.get(args.backend)
+        if record.int8 or record.auto_draft_quant:  # the draft's format: another draft proposes other tokens
+            parts += ["--draft-quant", args.draft_quant]
+        if record.int8:
+            parts += ["--quantize", args.quantize]
     if args.threads:
         parts += ["--threads", str(args.threads)]
     parts += ["--draft-vocab", str(args.draft_vocab)]
