@@ -424,12 +424,13 @@ def test_draft_quant_auto_keys_its_copy_by_content_skips_a_q4_0_draft_and_surviv
     """The Q4_0 copy's folder is keyed by the draft's sha256, not its file name (another draft of the same name
     gets its own copy); a draft already Q4_0 is run as it is (never re-encoded); llama.cpp failing to write the copy
     (a full disk) is a note and the draft as it is, with nothing half-written left, as a read-only home is."""
-    from pacer import calibration as cal_mod
+    from pacer import timing
     from pacer.backends import llamacpp as lc
 
     home = tmp_path / "home"
     monkeypatch.setenv("PACER_HOME", str(home))
-    monkeypatch.setattr(cal_mod, "_timed", lambda cm, tokens, base: {"Q4_0": 0.5}.get(lc._file_type(cm.llama), 1.0))
+    monkeypatch.setattr(timing, "timed", lambda cm, tokens, base, keep=1, tree=None:
+                        {"Q4_0": 0.5}.get(lc._file_type(cm.llama), 1.0))
     made = []
     requantize = lc.requantize
     monkeypatch.setattr(lc, "requantize", lambda *a: (made.append(a[0]), requantize(*a)))
