@@ -143,7 +143,7 @@ def test_the_files_an_option_names_are_checked_before_the_models_load(tmp_path, 
     shape.write_text(json.dumps({"format": "pacer-phrase-pool", "vocab": 9, "entries": [[[1], "x"]]}))
     models = ["--target", pair[0], "--draft", pair[1], "--dtype", "float32", "--threads", "1"]
     for method, key, value, needle in (
-            ("ouroboros", "pool_file", str(junk), "cannot be read (not JSON text"),
+            ("ouroboros", "pool_file", str(junk), "cannot be read: not UTF-8 text"),
             ("pacer+ouroboros", "pool_file", str(shape), "an entry is not [key ids, continuation ids, source]"),
             ("ouroboros", "pool_file", "/proc/nope/pool.json", "--pool-file /proc/nope/pool.json cannot be written"),
             ("ouroboros", "pool_file", str(f / "pool.json"), f"{f} is a file, not a folder"),

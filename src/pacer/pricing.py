@@ -396,23 +396,14 @@ class CostPricer(Pricer):
         if drafted <= 0:
             E, base = 1.0, self.costs.target_cost(1)
             y = self.memory.pool_yield() if yield_ is None else yield_
-            return self._best_branch(E, base, base, y, 1, self.MAX_BRANCH)
+            return best_branch(self.costs, E, base, base, y, 1, self.MAX_BRANCH)
         S = self.S[:drafted] + [self.S[-1] if self.S else 1.0] * (drafted - len(self.S))
         E = 1.0 + sum(S)
         k = drafted + 1
         base = self.costs.target_cost(k)
         T = max(self.spent, drafted * (self.costs.draft + self.costs.policy_per_check)) + base
         y = self.memory.branch_yield() if yield_ is None else yield_
-        return self._best_branch(E, T, base, S[-1] * y, k, self.MAX_BRANCH)
-
-    def _best_branch(self, E: float, T: float, base: float, gain: float, k: int, cap: int) -> int:
-        """The ``b <= cap`` maximising ``(E + gain · b) / (T + c_tree(k + b) - base)`` (0: none beats the round)."""
-        best, best_rate = 0, E / T
-        for b in range(1, cap + 1):
-            rate = (E + gain * b) / (T + self.costs.tree_cost(k + b) - base)
-            if rate > best_rate:
-                best, best_rate = b, rate
-        return best
+        return best_branch(self.costs, E, T, base, S[-1] * y, k, self.MAX_BRANCH)
 
     def sibling_room(self, state: DraftState, hits: list[float]) -> list[int]:
         """Sibling branches pay like draft tokens: the sibling of ``d_{i+1}`` yields a token with probability
@@ -452,3 +443,13 @@ class CostPricer(Pricer):
             if gain > best_gain:
                 best, best_gain = L, gain
         return best
+
+
+def best_branch(costs: Costs, E: float, T: float, base: float, gain: float, k: int, cap: int) -> int:
+    """The ``b <= cap`` maximising ``(E + gain · b) / (T + c_tree(k + b) - base)`` (0: none beats the round)."""
+    best, best_rate = 0, E / T
+    for b in range(1, cap + 1):
+        rate = (E + gain * b) / (T + costs.tree_cost(k + b) - base)
+        if rate > best_rate:
+            best, best_rate = b, rate
+    return best
