@@ -318,6 +318,9 @@ RESULTS_TABLES: dict[str, Table] = {
     "block-t07": Table("block-zen4-llamacpp/t07", (("fixed γ = 4, token-level verification", "sd:gamma=4"),
                                                    ("fixed γ = 4, block verification", "sd:gamma=4:verify=block")),
                        KINDS),
+    "block-t10": Table("block-zen4-llamacpp/t10", (("fixed γ = 4, token-level verification", "sd:gamma=4"),
+                                                   ("fixed γ = 4, block verification", "sd:gamma=4:verify=block")),
+                       KINDS),
 }
 LOSSLESS_REPORTS = ("dev40-zen4", "dev40-zen4/lookup-len-grounded", "dev40-zen4/lookup-len-other", "k1000-zen5",
                     "tf-live-xeon-amx", "ttft-xeon", "compound256-zen5", "compound256-kinds-xeon-repriced",
