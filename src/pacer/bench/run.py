@@ -165,6 +165,7 @@ def run(args: argparse.Namespace, out: Path, specs: list, questions: list, previ
     for note in profile_notes:
         print(f"pacer bench: note: {note}", file=sys.stderr)
     decoders, specs, methods_text = _with_anchor(args, dec, specs, methods_text)
+    decoders.update(_peers(args, dec, specs, decoders))
     if not args.quick and dec.pair.record.dtypes:
         args.dtype = dtype  # the recorded command names the dtype that ran, not "auto" (a rerun elsewhere may differ)
     config = _config(args, dec, target, draft, dtype)
@@ -230,6 +231,23 @@ def _with_anchor(args: argparse.Namespace, dec, specs: list, methods_text: str) 
             decoders[ANCHOR] = anchor
             specs = [*specs, anchor_spec()]  # run unless --no-anchor: the recorded command needs no method for it
     return decoders, specs, methods_text
+
+
+def _peers(args: argparse.Namespace, dec, specs: list, decoders: dict) -> dict:
+    """The model of llama-cpp-python's prompt lookup (:mod:`pacer.bench.peer`) for every ``lookup@llamacpp`` spec:
+    the run's GGUF target (the run's own on the llama.cpp backend, the anchor's beside a transformers run), on the
+    run's threads and context; a run that asks for it without a GGUF target is a one-line error."""
+    from .peer import PEER, LlamaLookupPeer, gguf_path
+
+    labels = [s.label for s in specs if s.name == PEER]
+    if not labels:
+        return {}
+    owner = next((d for d in (dec, *decoders.values()) if gguf_path(d) is not None), None)
+    if owner is None:
+        raise PacerError(f"{PEER} runs llama-cpp-python on the target's GGUF file, and this run's target "
+                         f"{args.target} was not loaded from one; pass a .gguf --target or drop {PEER}")
+    peer = LlamaLookupPeer(dec, gguf_path(owner), dec.threads, owner.target.context)
+    return dict.fromkeys(labels, peer)
 
 
 def _config(args: argparse.Namespace, dec, target: str, draft: str, dtype: str) -> dict:

@@ -1,0 +1,70 @@
+"""llama-cpp-python's own prompt lookup as a peer in ``pacer bench`` (:mod:`pacer.bench.peer`): parsed from
+``--methods``, run on the tiny GGUF target through the bench's runner, its output compared with plain decoding's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pacer.bench import data
+from pacer.bench.methods import parse_methods
+from pacer.bench.peer import PEER
+from pacer.errors import PacerError
+
+
+def test_the_peer_is_a_method_spec():
+    specs = parse_methods(f"{PEER}:num_pred_tokens=2,{PEER}:num_pred_tokens=10,{PEER}")
+    assert [s.label for s in specs] == ["ar", f"{PEER}:num_pred_tokens=2", f"{PEER}:num_pred_tokens=10", PEER]
+    assert all(s.greedy_only and not s.is_ar and not s.is_anchor for s in specs[1:])
+    assert specs[1].opts == {"num_pred_tokens": 2}
+    for bad, says in ((f"{PEER}:num_pred_tokens=0", "num_pred_tokens must be an integer in 1..64"),
+                      (f"{PEER}:num_pred_tokens=x", "num_pred_tokens must be an integer"),
+                      (f"{PEER}:gamma=3", f"{PEER} takes num_pred_tokens only, not 'gamma'"),
+                      (f"{PEER}:verify=block", "verifies no draft")):
+        with pytest.raises(PacerError, match=says):
+            parse_methods(bad)
+
+
+QUESTIONS = [data.Question("t", "1", "code", ("def f(x):\n    return f(x) + f(x) + f(",), chat=False),
+             data.Question("t", "2", "text", ("hello world, this is hello world, this is",), chat=False)]
+
+
+@pytest.fixture(scope="module")
+def gguf_pair(tmp_path_factory):
+    pytest.importorskip("llama_cpp")
+    from conftest import FLAT
+    from pacer import Decoder
+    from pacer.backends.llamacpp import GgufModel, LlamaModel
+    from pacer.tiny import save_tiny_gguf, tiny_pair, tiny_tokenizer
+
+    folder = tmp_path_factory.mktemp("peer")
+    t, d = tiny_pair("close")
+    paths = (save_tiny_gguf(t.model, t.tokenizer, folder / "target.gguf"),
+             save_tiny_gguf(d.model, d.tokenizer, folder / "draft.gguf"))
+    models = [GgufModel(LlamaModel(p), tiny_tokenizer(), n, n, torch.float32, extra={"file_type": "ALL_F32",
+                                                                                      "path": str(p)})
+              for p, n in zip(paths, ("t", "d"), strict=True)]
+    return Decoder(*models, threads=1, costs=FLAT)
+
+
+def test_the_peer_runs_through_the_bench_and_is_checked_against_plain_decoding(gguf_pair, tmp_path):
+    from pacer.bench.peer import LlamaLookupPeer, gguf_path
+    from pacer.bench.report import write_report
+    from pacer.bench.runner import Bench
+
+    dec = gguf_pair
+    specs = parse_methods(f"ar,{PEER}:num_pred_tokens=2,{PEER}:num_pred_tokens=10")
+    peer = LlamaLookupPeer(dec, gguf_path(dec), 1, dec.target.context)
+    bench = Bench(dec, specs, QUESTIONS, tmp_path, 24, progress=False, decoders={s.label: peer for s in specs[1:]})
+    bench.run()
+    ar = {r["question_id"]: r for r in bench.records if r["method"] == "ar"}
+    peers = [r for r in bench.records if r["method"].startswith(PEER)]
+    assert len(peers) == 4 and bench.flagged == 0
+    for r in peers:
+        ids = r["choices"][0]["token_ids"][0]
+        assert r["lossless"] is True and ids == ar[r["question_id"]]["choices"][0]["token_ids"][0]
+        assert len(ids) == 24 or ids[-1] in dec.eos
+    summary = write_report(tmp_path, bench.records, [s.label for s in specs], {})
+    for s in specs[1:]:
+        row = summary["groups"]["overall"][s.label]
+        assert row["lossless_checked"] == row["lossless_identical"] == 2 and row["speedup"] > 0
