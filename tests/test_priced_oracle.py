@@ -3,14 +3,17 @@ never slower than the rounds a method took on a recorded run."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
 
 from pacer.api import Decoder
+from pacer.bench import data
+from pacer.bench.limit import ORACLE_FILE, record_oracle, source_set
+from pacer.bench.methods import parse_methods
 from pacer.bench.oracle import (
     PLAIN,
-    ContextCosts,
     Source,
     lookup_lengths,
     priced_oracle,
@@ -18,7 +21,9 @@ from pacer.bench.oracle import (
     round_time,
     run_lengths,
 )
-from pacer.costs import Costs
+from pacer.bench.report import write_report
+from pacer.bench.runner import Bench
+from pacer.costs import ContextCosts, Costs
 from pacer.tiny import tiny_pair
 
 
@@ -117,3 +122,46 @@ def test_the_oracle_is_never_slower_than_a_recorded_method(recorded, seed):
         took = replay_seconds(prompt_len, len(ref), drafted, committed, costs, free)
         assert path.seconds <= took * (1 + 1e-9), name
         assert priced_oracle(prompt_len, len(ref), [draft, lookup], costs).seconds <= path.seconds * (1 + 1e-12)
+
+
+QUESTIONS = [data.Question("t", "1", "code", ("def f(x):\n    return f(x) + f(x) + f(",), chat=False),
+             data.Question("t", "2", "chat", ("Say hi.", "Again."))]
+
+
+def test_pacer_bench_reports_each_method_as_a_fraction_of_the_oracle(tmp_path):
+    """The pass records every turn of ar's output once; no recorded method is faster than its source set's oracle
+    on the same costs; the report divides each method's speedup by the oracle's, per question and kind."""
+    dec = Decoder(*tiny_pair("close"), threads=1)
+    specs = parse_methods("ar,sd:gamma=3,lookup,ouroboros")
+    bench = Bench(dec, specs, QUESTIONS, tmp_path, 16, progress=False)
+    bench.run()
+    costs = context_costs(random.Random(7))
+    assert record_oracle(dec, QUESTIONS, bench.records, costs, tmp_path, log=lambda s: None) == 3  # turns
+    assert record_oracle(dec, QUESTIONS, bench.records, costs, tmp_path, log=lambda s: None) == 0  # recorded
+    rows = {(r["question_id"], r["turn"]): r for r in map(json.loads, (tmp_path / ORACLE_FILE).open())}
+    assert len(rows) == 3 and all(r["draft_forwards"] in (1, 2) for r in rows.values())
+    assert rows[("1", 0)]["prompt_tokens"] == len(dec.encode(QUESTIONS[0].turns[0]))
+    for rec in bench.records:
+        name = source_set(rec["method"])
+        if name not in ("draft", "lookup"):
+            continue
+        c = rec["choices"][0]
+        for t, (ids, drafted, committed) in enumerate(zip(c["token_ids"], c["draft_lengths"],
+                                                          c["accept_lengths_per_turn"], strict=True)):
+            row = rows[(rec["question_id"], t)]
+            assert row["tokens"] == len(ids) and all(len(v) == len(ids) for v in row["lengths"].values())
+            plain = sum(costs.at(row["prompt_tokens"] + j).target_cost(1) for j in range(len(ids)))
+            assert row["sets"][name]["plain_seconds"] == pytest.approx(plain, rel=1e-12)
+            took = replay_seconds(row["prompt_tokens"], len(ids), drafted, committed, costs, name == "lookup")
+            assert row["sets"][name]["seconds"] <= took * (1 + 1e-9), (rec["method"], t)
+    summary = write_report(tmp_path, bench.records, [s.label for s in specs], {})
+    oracle = summary["priced_oracle"]
+    overall = oracle["groups"]["overall"]
+    assert {m: s["sources"] for m, s in overall.items()} == {"sd:gamma=3": "draft", "lookup": "lookup",
+                                                             "ouroboros": "draft+lookup"}
+    assert set(oracle["groups"]) == {"overall", "category:code", "category:chat"}
+    assert len(oracle["questions"]) == 6
+    for q in oracle["questions"]:
+        assert q["of_oracle"] == pytest.approx(q["speedup"] / q["oracle_speedup"]) and q["oracle_speedup"] >= 1 - 1e-9
+    assert "## Priced oracle" in (tmp_path / "report.md").read_text()
+    assert json.loads((tmp_path / "summary.json").read_text())["priced_oracle"]["pass"]["turns"] == 3

@@ -400,8 +400,21 @@ def _bench(args: argparse.Namespace, dec, specs: list, questions: list, out: Pat
             log(f"pacer bench: could not write the partial report: {e}")
         raise
     meta["skipped"] = bench.skipped
+    _oracle_pass(dec, questions, bench.records, out, clocks, sampling is None)
     write_meta(out, meta)  # --report-only reads the skips from run.json
     return report(out, labels, meta)
+
+
+def _oracle_pass(dec, questions: list, records: list, out: Path, clocks: dict, greedy: bool) -> None:
+    """The priced oracle's pass (:func:`pacer.bench.limit.record_oracle`) on the run's costs: ``--costs``'
+    profile, else this machine's calibration (greedy runs with a clock only)."""
+    profile = clocks.get("profile") or clocks.get("own")
+    if not greedy or profile is None:
+        return
+    from ..costs import ContextCosts
+    from .limit import record_oracle
+
+    record_oracle(dec, questions, records, ContextCosts(profile.costs), out, log)
 
 
 def _print_summary(summary: dict, out: Path) -> None:
