@@ -68,3 +68,20 @@ def test_the_peer_runs_through_the_bench_and_is_checked_against_plain_decoding(g
     for s in specs[1:]:
         row = summary["groups"]["overall"][s.label]
         assert row["lossless_checked"] == row["lossless_identical"] == 2 and row["speedup"] > 0
+
+
+def test_every_peer_generation_reads_its_whole_prompt(gguf_pair):
+    """llama-cpp-python keeps the cache of the last prompt and reuses its prefix: the peer must not, or its second
+    run of a question (another num_pred_tokens, another repeat) would skip the prefill every method pays."""
+    from pacer.bench.peer import LlamaLookupPeer, gguf_path
+
+    dec = gguf_pair
+    peer = LlamaLookupPeer(dec, gguf_path(dec), 1, dec.target.context)
+    read: list[int] = []
+    real = peer.llm.eval
+    peer.llm.eval = lambda tokens: (read.append(len(tokens)), real(tokens))[1]
+    ids = dec.encode(QUESTIONS[1].turns[0])
+    for k in (2, 10, 2):
+        read.clear()
+        peer.generate(ids, 8, k)
+        assert read and read[0] >= len(ids), (k, read)

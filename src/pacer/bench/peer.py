@@ -2,7 +2,8 @@
 
 ``lookup@llamacpp:num_pred_tokens=K`` runs ``llama_cpp.Llama(target.gguf, draft_model=LlamaPromptLookupDecoding(
 num_pred_tokens=K))`` greedily on the run's GGUF target (llama-cpp-python's README advises ``K = 10`` on a GPU and
-``K = 2`` on a CPU), on the run's threads and context, with the same prompt ids as every method; its output is
+``K = 2`` on a CPU), on the run's threads and context, with the same prompt ids as every method, reading the whole
+prompt every time (llama-cpp-python would otherwise reuse the cache of a prompt it ran before). Its output is
 compared with plain decoding's like every method's (its speed is its wall time, the prefill included). It decodes
 greedily only; its rounds are llama-cpp-python's own, so the record holds no forwards or draft lengths.
 """
@@ -65,6 +66,7 @@ class LlamaLookupPeer:
             raise ContextError(f"the prompt has {len(ids)} tokens but {PEER}'s context is {self.context}")
         budget = min(max_new_tokens, self.context - len(ids))
         self.llm.draft_model = self._lookup(num_pred_tokens=num_pred_tokens)
+        self.llm.reset()  # no prompt cache kept from the last generation: every run reads its whole prompt
         out: list[int] = []
         reason = "length"
         start = time.perf_counter()
