@@ -85,3 +85,36 @@ def test_every_peer_generation_reads_its_whole_prompt(gguf_pair):
         read.clear()
         peer.generate(ids, 8, k)
         assert read and read[0] >= len(ids), (k, read)
+
+
+def test_pacer_bench_runs_the_peer_on_a_gguf_target(gguf_pair, tmp_path, monkeypatch):
+    """``pacer bench --backend llamacpp`` with the peer in --methods: it runs beside ar on the run's GGUF target and
+    is checked against it (the tiny pair's tokenizer comes from pacer's verified cache, seeded here)."""
+    import json
+    from pathlib import Path
+
+    from pacer.cache import Manifest, file_sha256
+    from pacer.cli import main
+    from pacer.tiny import tiny_tokenizer
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("PACER_HOME", str(home))
+    paths = [gguf_pair.target_info.extra["path"], gguf_pair.draft_info.extra["path"]]
+    for f in paths:
+        folder = home / "tokenizers" / file_sha256(Path(f), home)[:24]
+        tiny_tokenizer().save_pretrained(folder)
+        Manifest(folder).write()
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question_id": "1", "category": "code", "turns": [QUESTIONS[0].turns[0]]})
+                         + "\n")
+    out = tmp_path / "run"
+    rc = main(["bench", "--backend", "llamacpp", "--target", paths[0], "--draft", paths[1], "--questions",
+               str(questions), "--max-new-tokens", "8", "--threads", "1", "--no-progress", "--out", str(out),
+               "--methods", f"ar,{PEER}:num_pred_tokens=2"])
+    assert rc == 0
+    summary = json.loads((out / "summary.json").read_text())
+    row = summary["groups"]["overall"][f"{PEER}:num_pred_tokens=2"]
+    assert row["lossless_checked"] == row["lossless_identical"] == 1
+    assert f"{PEER}:num_pred_tokens=2" in json.loads((out / "run.json").read_text())["command"]
+    oracle = summary["priced_oracle"]["groups"]["overall"][f"{PEER}:num_pred_tokens=2"]  # the oracle's pass ran
+    assert oracle["sources"] == "lookup" and oracle["questions"] == 1
