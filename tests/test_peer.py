@@ -87,7 +87,7 @@ def test_every_peer_generation_reads_its_whole_prompt(gguf_pair):
         assert read and read[0] >= len(ids), (k, read)
 
 
-def test_pacer_bench_runs_the_peer_on_a_gguf_target(gguf_pair, tmp_path, monkeypatch):
+def test_pacer_bench_runs_the_peer_on_a_gguf_target(gguf_pair, tmp_path, monkeypatch, capsys):
     """``pacer bench --backend llamacpp`` with the peer in --methods: it runs beside ar on the run's GGUF target and
     is checked against it (the tiny pair's tokenizer comes from pacer's verified cache, seeded here)."""
     import json
@@ -118,3 +118,7 @@ def test_pacer_bench_runs_the_peer_on_a_gguf_target(gguf_pair, tmp_path, monkeyp
     assert f"{PEER}:num_pred_tokens=2" in json.loads((out / "run.json").read_text())["command"]
     oracle = summary["priced_oracle"]["groups"]["overall"][f"{PEER}:num_pred_tokens=2"]  # the oracle's pass ran
     assert oracle["sources"] == "lookup" and oracle["questions"] == 1
+    lines = capsys.readouterr().out.splitlines()  # the printed summary has the oracle's columns
+    assert lines[0].split()[-3:] == ["oracle", "of", "it"]
+    peer = next(ln.split() for ln in lines if ln.startswith(f"{PEER}:"))
+    assert peer[-3] == "1/1" and float(peer[-1]) == pytest.approx(oracle["of_oracle"], abs=0.006)

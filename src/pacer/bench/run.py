@@ -422,12 +422,16 @@ def _print_summary(summary: dict, out: Path) -> None:
     def f(x: float | None) -> str:
         return "-" if x is None else f"{x:.2f}"
 
-    print(f"{'method':<34} {'speedup':>8} {'median':>8} {'tok/s':>8} {'tau':>6} {'lossless':>9}")
+    oracle = ((summary.get("priced_oracle") or {}).get("groups") or {}).get("overall", {})
+    print(f"{'method':<34} {'speedup':>8} {'median':>8} {'tok/s':>8} {'tau':>6} {'lossless':>9}"
+          + (f" {'oracle':>7} {'of it':>6}" if oracle else ""))
     for m, s in overall.items():
         ll = "base" if m == "ar" else f"{s['lossless_identical']}/{s['lossless_checked']}" \
             if s["lossless_checked"] else "sampled"
+        o = oracle.get(m, {})
         print(f"{m:<34} {f(s['speedup']):>8} {f(s['median_ratio']):>8} {f(s['tokens_per_s']):>8} "
-              f"{f(s['tau']):>6} {ll:>9}")
+              f"{f(s['tau']):>6} {ll:>9}" + (f" {f(o.get('oracle_speedup')):>7} {f(o.get('of_oracle')):>6}"
+                                            if oracle else ""))
     n = len(summary["divergences"])
     if n:
         print(f"WARNING: {n} output(s) differ from plain decoding - see {out / 'report.md'}")
