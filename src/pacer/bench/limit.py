@@ -177,7 +177,8 @@ def oracle_summary(records: list[dict], methods: list[str], out: Path) -> dict |
 
 def oracle_markdown(oracle: dict) -> list[str]:
     """The report's section on the priced oracle."""
-    from .report import _f
+    def _f(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}"
 
     L = ["## Priced oracle\n",
          "The fastest rounds any policy could choose with each method's drafters on this run's costs at each "
