@@ -158,7 +158,7 @@ def test_pacer_bench_reports_each_method_as_a_fraction_of_the_oracle(tmp_path):
     oracle = summary["priced_oracle"]
     overall = oracle["groups"]["overall"]
     assert {m: s["sources"] for m, s in overall.items()} == {"sd:gamma=3": "draft", "lookup": "lookup",
-                                                             "ouroboros": "draft+lookup"}
+                                                             "ouroboros": "draft+phrase"}
     assert set(oracle["groups"]) == {"overall", "category:code", "category:chat"}
     assert len(oracle["questions"]) == 6
     for q in oracle["questions"]:

@@ -5,15 +5,18 @@ method's speedup by the oracle's.
 **The pass** (:func:`record_oracle`, after the questions ran, greedy runs only): for every question answered by
 ``ar`` (repeat 0: a greedy continuation is the same in every repeat) and each of its turns, with the prompt ids as the
 run built them, it finds ``L_draft`` (one teacher-forced draft forward over the prompt and ``ar``'s output, where the
-run has a draft model: 2 draft forwards a turn, counted in ``draft_forwards``) and ``L_lookup`` (pure text), prices
+run has a draft model: 2 draft forwards a turn, counted in ``draft_forwards``), ``L_lookup`` and ``L_phrase``
+(pure text), prices
 the oracle of every source set on the run's costs at each context (``--costs``' profile, else this machine's
 calibration; no policy check: the oracle needs no policy) and appends one line per turn to ``oracle.jsonl``: the
 positions' lengths, and per source set the oracle's and plain decoding's seconds and the oracle's rounds. A resumed
 run records only the questions not there yet.
 
 **A method's source set** (:func:`source_set`): ``draft`` (a draft model: ``sd``, the rules, ``pacer``, ...),
-``lookup`` (``lookup`` and llama-cpp-python's ``lookup@llamacpp``), ``draft+lookup`` (the phrase drafters, which
-draft with the model and from the text); ``ar`` and the anchor have none.
+``lookup`` (``lookup`` and llama-cpp-python's ``lookup@llamacpp``, priced with pacer's lookup), ``draft+phrase`` (the
+phrase drafters, which draft with the model and verify phrases of the text: ``phrase`` is the n-gram continuation
+of the prompt and the output with the phrase pool's own n-gram and key lengths, at most its ``lookup_len`` tokens; its
+warm pool and lookahead are not replayed); ``ar`` and the anchor have none.
 
 **The report** (:func:`oracle_summary`): per question, the oracle's speedup ``s_o = W / (F + D · B / P)`` with
 ``ar``'s wall time ``W``, its first round ``F`` (the prefill, the same for every method) and the rest ``D``, and the
@@ -34,7 +37,7 @@ from .oracle import ContextCosts, Source, lookup_lengths, priced_oracle, run_len
 #: the file of the pass, in the run's folder
 ORACLE_FILE = "oracle.jsonl"
 #: the source sets the pass prices (:func:`source_set`)
-SETS = {"draft": ("draft",), "lookup": ("lookup",), "draft+lookup": ("draft", "lookup")}
+SETS = {"draft": ("draft",), "lookup": ("lookup",), "draft+phrase": ("draft", "phrase")}
 
 
 def source_set(label: str) -> str | None:
@@ -55,7 +58,7 @@ def source_set(label: str) -> str | None:
     m = methods.get(name)
     if not m.needs_draft:
         return "lookup"
-    return "draft+lookup" if m.extras else "draft"
+    return "draft+phrase" if m.extras else "draft"
 
 
 def _read(path: Path) -> list[dict]:
@@ -76,7 +79,12 @@ def turn_row(prompt: list[int], reference: list[int], costs: ContextCosts,
              agree: list[bool] | None) -> dict:
     """One turn's line: the sources' lengths at every position and, per source set the run can price (``draft``
     only with the draft's agreement ``agree``), the oracle's and plain decoding's seconds and its rounds by source."""
-    sources = {"lookup": Source("lookup", tuple(lookup_lengths(prompt, reference)), free=True)}
+    from ..drafters.phrase import PhraseOptions
+
+    phrase = PhraseOptions()
+    sources = {"lookup": Source("lookup", tuple(lookup_lengths(prompt, reference)), free=True),
+               "phrase": Source("phrase", tuple(lookup_lengths(prompt, reference, phrase.ngram, phrase.key_len,
+                                                               phrase.lookup_len)), free=True)}
     if agree is not None:
         sources["draft"] = Source("draft", tuple(run_lengths(agree)))
     sets = {}
