@@ -117,8 +117,20 @@ def test_pacer_bench_runs_the_peer_on_a_gguf_target(gguf_pair, tmp_path, monkeyp
     assert row["lossless_checked"] == row["lossless_identical"] == 1
     assert f"{PEER}:num_pred_tokens=2" in json.loads((out / "run.json").read_text())["command"]
     oracle = summary["priced_oracle"]["groups"]["overall"][f"{PEER}:num_pred_tokens=2"]  # the oracle's pass ran
-    assert oracle["sources"] == "lookup" and oracle["questions"] == 1
+    assert oracle["sources"] == f"{PEER}:2" and oracle["questions"] == 1  # priced with its own candidates
     lines = capsys.readouterr().out.splitlines()  # the printed summary has the oracle's columns
     assert lines[0].split()[-3:] == ["oracle", "of", "it"]
     peer = next(ln.split() for ln in lines if ln.startswith(f"{PEER}:"))
     assert peer[-3] == "1/1" and float(peer[-1]) == pytest.approx(oracle["of_oracle"], abs=0.006)
+
+
+def test_the_oracle_prices_the_peer_with_its_own_candidates():
+    """llama-cpp-python's lookup after ``1 2`` proposes what followed the last ``1 2`` before (its 2-gram key),
+    ``num_pred_tokens`` of it: ``3 4`` agree with the continuation, then 9 != 7."""
+    pytest.importorskip("llama_cpp")
+    from pacer.bench.limit import peer_lengths, peer_set, source_set
+
+    prompt, ref = [1, 2, 3, 4, 9, 1, 2], [3, 4, 7]
+    assert peer_lengths(prompt, ref, 2) == [2, 1, 0] and peer_lengths(prompt, ref, 1) == [1, 1, 0]
+    assert source_set(f"{PEER}:num_pred_tokens=2") == peer_set(f"{PEER}:num_pred_tokens=2") == f"{PEER}:2"
+    assert source_set(PEER) == f"{PEER}:10"  # llama-cpp-python's default

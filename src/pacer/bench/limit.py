@@ -13,7 +13,8 @@ positions' lengths, and per source set the oracle's and plain decoding's seconds
 run records only the questions not there yet.
 
 **A method's source set** (:func:`source_set`): ``draft`` (a draft model: ``sd``, the rules, ``pacer``, ...),
-``lookup`` (``lookup`` and llama-cpp-python's ``lookup@llamacpp``, priced with pacer's lookup), ``draft+phrase`` (the
+``lookup`` (pacer's ``lookup``), ``lookup@llamacpp:K`` (llama-cpp-python's prompt lookup of ``num_pred_tokens=K``:
+its own candidates, :func:`peer_lengths`), ``draft+phrase`` (the
 phrase drafters, which draft with the model and verify phrases of the text: ``phrase`` is the n-gram continuation
 of the prompt and the output with the phrase pool's own n-gram and key lengths, at most its ``lookup_len`` tokens; its
 warm pool and lookahead are not replayed); ``ar`` and the anchor have none.
@@ -29,10 +30,11 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .oracle import ContextCosts, Source, lookup_lengths, priced_oracle, run_lengths
+from .peer import PEER
 
 #: the file of the pass, in the run's folder
 ORACLE_FILE = "oracle.jsonl"
@@ -44,12 +46,13 @@ def source_set(label: str) -> str | None:
     """The source set of the method ``label`` (see the module docstring; ``None``: it drafts nothing)."""
     from .. import methods
     from .methods import ANCHOR, HF_ASSISTED
-    from .peer import PEER
 
     name = label.split(":", 1)[0]
     if label == ANCHOR or name == "ar":
         return None
-    if name in ("lookup", PEER):
+    if name == PEER:
+        return peer_set(label)
+    if name == "lookup":
         return "lookup"
     if name == HF_ASSISTED:
         return "draft"
@@ -59,6 +62,34 @@ def source_set(label: str) -> str | None:
     if not m.needs_draft:
         return "lookup"
     return "draft+phrase" if m.extras else "draft"
+
+
+def peer_set(label: str) -> str:
+    """The source set of a ``lookup@llamacpp`` method ``label``: its own, named by its ``num_pred_tokens``."""
+    from .peer import DEFAULT_PRED_TOKENS, NUM_PRED_TOKENS
+
+    opts = dict(p.split("=", 1) for p in label.split(":")[1:] if "=" in p)
+    return f"{PEER}:{opts.get(NUM_PRED_TOKENS, DEFAULT_PRED_TOKENS)}"
+
+
+def peer_lengths(prompt: list[int], reference: list[int], k: int) -> list[int]:
+    """``L(i)`` of llama-cpp-python's prompt lookup with ``num_pred_tokens=k`` at every position of ``reference``:
+    its own candidates after ``prompt + reference[:i]`` (``LlamaPromptLookupDecoding.find_candidate_pred_tokens``,
+    its default n-gram size) compared with ``reference[i:]``."""
+    import numpy as np
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    ngram = LlamaPromptLookupDecoding().max_ngram_size
+    ids = np.array([*prompt, *reference], dtype=np.intc)
+    out = []
+    for i in range(len(reference)):
+        n = 0
+        for x in LlamaPromptLookupDecoding.find_candidate_pred_tokens(ids[: len(prompt) + i], ngram, k).tolist():
+            if i + n >= len(reference) or x != reference[i + n]:
+                break
+            n += 1
+        out.append(n)
+    return out
 
 
 def _read(path: Path) -> list[dict]:
@@ -76,9 +107,10 @@ def _read(path: Path) -> list[dict]:
 
 
 def turn_row(prompt: list[int], reference: list[int], costs: ContextCosts,
-             agree: list[bool] | None) -> dict:
+             agree: list[bool] | None, peers: Sequence[str] = ()) -> dict:
     """One turn's line: the sources' lengths at every position and, per source set the run can price (``draft``
-    only with the draft's agreement ``agree``), the oracle's and plain decoding's seconds and its rounds by source."""
+    only with the draft's agreement ``agree``; ``peers``: the ``lookup@llamacpp:K`` sets of the run's peers), the
+    oracle's and plain decoding's seconds and its rounds by source."""
     from ..drafters.phrase import PhraseOptions
 
     phrase = PhraseOptions()
@@ -87,8 +119,11 @@ def turn_row(prompt: list[int], reference: list[int], costs: ContextCosts,
                                                                phrase.lookup_len)), free=True)}
     if agree is not None:
         sources["draft"] = Source("draft", tuple(run_lengths(agree)))
+    for name in peers:
+        k = int(name.rsplit(":", 1)[1])
+        sources[name] = Source(name, tuple(peer_lengths(prompt, reference, k)), free=True)
     sets = {}
-    for name, parts in SETS.items():
+    for name, parts in {**SETS, **{p: (p,) for p in peers}}.items():
         if all(p in sources for p in parts):
             path = priced_oracle(len(prompt), len(reference), [sources[p] for p in parts], costs)
             used: dict[str, int] = {}
@@ -111,6 +146,7 @@ def record_oracle(dec, questions: list, records: list[dict], costs: ContextCosts
     done = {(r["dataset"], str(r["question_id"])) for r in _read(path)}
     by_key = {(q.dataset, str(q.question_id)): q for q in questions}
     drafter = dec.make_drafter("sd") if dec.draft_info is not None else None
+    peers = sorted({peer_set(r["method"]) for r in records if r["method"].split(":", 1)[0] == PEER})
     made = 0
     for rec in records:
         key = (str(rec["dataset"]), str(rec["question_id"]))
@@ -121,7 +157,7 @@ def record_oracle(dec, questions: list, records: list[dict], costs: ContextCosts
             ref = list(turn.token_ids)
             agree = drafter.agreement(turn.prompt_ids, ref) if drafter is not None and ref else None
             lines.append({"dataset": key[0], "question_id": key[1], "turn": t,
-                          **turn_row(turn.prompt_ids, ref, costs, agree)})
+                          **turn_row(turn.prompt_ids, ref, costs, agree, peers)})
         with open(path, "a", encoding="utf-8") as f:
             f.write("".join(json.dumps(x) + "\n" for x in lines))
         done.add(key)
