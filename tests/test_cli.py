@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from pacer import gguf
-from pacer.cli import main
+from pacer.cli import DEMO_PROMPTS, main
 from pacer.decoding import Divergence
 from pacer.gguf import GgufSpec
 from pacer.tiny import save_tiny_pair, tiny_tokenizer
@@ -56,9 +56,9 @@ def gen_json(capsys, pair, prompt=PROMPT, *args):
 
 
 def test_generate_prints_text_and_stats(capsys, pair):
-    rc, out, err = run(capsys, pair, "generate", PROMPT, "--max-new-tokens", "24", "--gamma", "3")
+    rc, out, err = run(capsys, pair, "generate", PROMPT, "--max-new-tokens", "24", "--gamma", "3", "--method", "sd")
     assert rc == 0, err
-    ref = gen_json(capsys, pair, PROMPT, "--max-new-tokens", "24", "--gamma", "3")
+    ref = gen_json(capsys, pair, PROMPT, "--max-new-tokens", "24", "--gamma", "3", "--method", "sd")
     # the streamed text is exactly the result's text (incomplete UTF-8 at the end included), then a newline
     assert out == ref["text"] + "\n"
     summary = [ln for ln in err.splitlines() if ln.startswith("[sd]")]
@@ -103,8 +103,9 @@ def test_generate_chat_sampling_and_stop(capsys, pair):
 def test_demo_on_tiny_pair(capsys, pair):
     rc, out, err = run(capsys, pair, "demo", "--max-new-tokens", "6")
     assert rc == 0, err
-    assert out.count("=> speedup") == 3 and out.count("identical to plain decoding") == 3
-    assert "outputs identical: 3/3" in out
+    n = len(DEMO_PROMPTS)
+    assert out.count("=> speedup") == n and out.count("identical to plain decoding") == n
+    assert f"outputs identical: {n}/{n}" in out
     assert sum(line.startswith("=> regime: verification ") and " on transformers float32 " in line
                for line in out.splitlines()) == 1  # this machine's regime for the backend measured
 
@@ -130,9 +131,10 @@ def test_demo_reports_a_difference(capsys, pair, monkeypatch):
     alter_sd_outputs(monkeypatch, near_tie=True)
     rc, out, err = run(capsys, pair, "demo", "--max-new-tokens", "6")
     assert rc == 0, err
-    assert out.count("DIFFERS from plain decoding at token 5 (target logit gap ") == 3
-    assert out.count("resolution steps of") == 3 and "NOT a near-tie" not in out
-    assert "outputs identical: 0/3" in out
+    n = len(DEMO_PROMPTS)
+    assert out.count("DIFFERS from plain decoding at token 5 (target logit gap ") == n
+    assert out.count("resolution steps of") == n and "NOT a near-tie" not in out
+    assert f"outputs identical: 0/{n}" in out
 
 
 def test_demo_fails_on_a_difference_that_is_not_a_near_tie(capsys, pair, monkeypatch):
@@ -140,9 +142,10 @@ def test_demo_fails_on_a_difference_that_is_not_a_near_tie(capsys, pair, monkeyp
     alter_sd_outputs(monkeypatch, near_tie=False)
     rc, out, err = run(capsys, pair, "demo", "--max-new-tokens", "6")
     assert rc == 1, err
-    assert out.count("NOT a near-tie") == 3
+    n = len(DEMO_PROMPTS)
+    assert out.count("NOT a near-tie") == n
     last = out.strip().splitlines()[-1]
-    assert "outputs identical: 0/3" in last and "FAILED: 3 output(s)" in last
+    assert f"outputs identical: 0/{n}" in last and f"FAILED: {n} output(s)" in last
 
 
 # ------------------------------------------------------------------------------------------------ bad input

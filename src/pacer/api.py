@@ -20,6 +20,8 @@ from .decoding import Drafter, GenerationResult, Output, autoregressive_generate
 from .decoding.stats import GenerationStats
 from .errors import InvalidType, InvalidValue
 from .factory import MethodFactory
+from .methods import DEFAULT_METHOD, resolve_default
+from .methods.default import shipped_layer
 from .pair import LoadSpec, Pair
 from .policies.base import DraftPolicy
 from .prompt import check_prompt_ids, check_stop
@@ -84,10 +86,18 @@ class Decoder:
         return cls(spec.load(), draft_vocab=spec.draft_vocab, costs=costs, progress=spec.progress)
 
     # ------------------------------------------------------------------------------------------- generation
+    def _resolved(self, method: object, options: Mapping[str, object] | None) -> object:
+        """``method``, or the default's layer-free sibling where it is the default's name and this pair has no
+        pre-verifier (none shipped for its draft, no option ``path``): :func:`pacer.methods.resolve_default`."""
+        if not (isinstance(method, str) and method == DEFAULT_METHOD) or "path" in (options or {}):
+            return method
+        d = self.pair.draft_info
+        return resolve_default(method, d is not None and shipped_layer(d.backend, d.fingerprint))
+
     def generate(
         self,
         prompt: str | Sequence[int],
-        method: str | MethodRequest | GenerationRequest = "sd",
+        method: str | MethodRequest | GenerationRequest = DEFAULT_METHOD,
         max_new_tokens: int | None = None,
         sampling: SamplingConfig | None = None,
         gamma: int | None = None,
@@ -103,7 +113,9 @@ class Decoder:
         options: Mapping[str, object] | None = None,
         cost_aware: bool | None = None,
     ) -> GenerationResult:
-        """Generate from ``prompt`` with ``method``: a :class:`~pacer.request.GenerationRequest` (checked already:
+        """Generate from ``prompt`` with ``method`` (default :data:`pacer.methods.DEFAULT_METHOD`, its layer-free
+        sibling where the pair has no pre-verifier: :func:`pacer.methods.resolve_default`): a
+        :class:`~pacer.request.GenerationRequest` (checked already:
         nothing else may be given beside it), a :class:`~pacer.request.MethodRequest`, or a method's name
         (:func:`pacer.methods.names`) with ``gamma``, ``min_draft``, ``max_draft``, ``cost_aware`` and ``options``
         (:mod:`pacer.request`: ``gamma`` is the draft length of ``sd``/``ouroboros``, their cap when cost-aware,
@@ -121,8 +133,8 @@ class Decoder:
             raise InvalidType(f"on_tokens must be a function of the new token ids, got {on_tokens!r}")
         if not isinstance(chat, bool):
             raise InvalidType(f"chat must be true or false, got {chat!r}")
-        job = GenerationRequest.of(method, max_new_tokens, sampling, gamma=gamma, min_draft=min_draft,
-                                   max_draft=max_draft, cost_aware=cost_aware, options=options)
+        job = GenerationRequest.of(self._resolved(method, options), max_new_tokens, sampling, gamma=gamma,
+                                   min_draft=min_draft, max_draft=max_draft, cost_aware=cost_aware, options=options)
         req, max_new_tokens = job.request, job.max_new_tokens
         reference = check_overrides(req, policy, drafter, reference, self.pair.vocab)
         sampling = SamplingConfig() if job.sampling is None else job.sampling
@@ -176,7 +188,7 @@ def check_overrides(req: MethodRequest, policy: object, drafter: object, referen
         raise type(e)(f"reference (the target's greedy token ids): {e}") from None
 
 
-def generate(prompt: str, method: str | MethodRequest = "sd", target: str = "default-target",
+def generate(prompt: str, method: str | MethodRequest = DEFAULT_METHOD, target: str = "default-target",
              draft: str = "default-draft", dtype: str = "auto", threads: int | None = None, backend: str = "auto",
              **kwargs) -> GenerationResult:
     """One-shot: check the request, load the pair (the draft only where the method drafts with it), generate, return
@@ -184,4 +196,7 @@ def generate(prompt: str, method: str | MethodRequest = "sd", target: str = "def
     settings = {k: kwargs.pop(k) for k in ("gamma", "min_draft", "max_draft", "cost_aware", "options") if k in kwargs}
     job = GenerationRequest.of(method, kwargs.pop("max_new_tokens", None), kwargs.pop("sampling", None), **settings)
     spec = LoadSpec(target, draft if job.request.loads_draft else None, backend, dtype, threads)
-    return Decoder.load(spec).generate(prompt, job, **kwargs)
+    dec = Decoder.load(spec)
+    if (resolved := dec._resolved(method, settings.get("options"))) != method:  # the default, without its layer
+        job = GenerationRequest.of(resolved, job.max_new_tokens, job.sampling, **settings)
+    return dec.generate(prompt, job, **kwargs)

@@ -68,16 +68,18 @@ def load_decoder(args: argparse.Namespace, request: MethodRequest | None = None)
 
 
 def auto_method(args: argparse.Namespace) -> str:
-    """``--method auto`` (``pacer demo``, ``pacer serve``): PACER where a pre-verifier is there for the pair (the
-    shipped one of the backend on the default draft, or one given with ``--preverifier``), else ``sd``; any
-    other method as it is. The backend must be resolved (:func:`check_model_args`)."""
-    if args.method != "auto":
-        return args.method
+    """The method to run: ``--method`` as given, the default (:data:`pacer.methods.DEFAULT_METHOD`; ``auto`` names
+    it too) with PACER's layer where a pre-verifier is there for the pair (the shipped one of the backend on the
+    default draft, or one given with ``--preverifier``), else its layer-free sibling
+    (:func:`pacer.methods.resolve_default`). The backend must be resolved (:func:`check_model_args`)."""
+    method = methods.DEFAULT_METHOD if args.method == "auto" else args.method
+    if method != methods.DEFAULT_METHOD:
+        return method
     from .policies.learned import default_checkpoint
 
     shipped = (default_checkpoint("pacer", args.backend) / "config.json").exists()
     given = method_options(args).get("path")
-    return "pacer" if (args.draft == "default-draft" and shipped) or given else "sd"
+    return methods.resolve_default(method, bool((args.draft == "default-draft" and shipped) or given))
 
 
 #: where :func:`check_model_args` keeps the resolved :class:`~pacer.pair.LoadSpec` on the arguments
@@ -103,7 +105,7 @@ def _dest(o: methods.Option) -> str:
     return "opt_" + o.name
 
 
-def add_method_args(p: argparse.ArgumentParser, default: str = "sd") -> None:
+def add_method_args(p: argparse.ArgumentParser, default: str = methods.DEFAULT_METHOD) -> None:
     """``--method``, the draft bounds every drafting method takes and one flag per registered method option."""
     g = p.add_argument_group("method")
     g.add_argument("--method", default=default, help=f"one of: {', '.join(methods.names())}")

@@ -32,6 +32,8 @@ from .streaming import TextStreamer
 
 def cmd_generate(args: argparse.Namespace) -> int:
 
+    check_model_args(args)
+    args.method = auto_method(args)
     job = check_args(args)
     if args.prompt == "-":
         try:
@@ -92,6 +94,11 @@ DEMO_PROMPTS = [
     ("chat", "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
              "How many clips did Natalia sell altogether in April and May?"),
     ("chat", "Write a Python function that returns the n-th prime number, with a short docstring."),
+    # grounded: the answer repeats much of the prompt, where drafting from the text pays
+    ("chat", "Here is a function:\n\n```python\ndef average(values):\n    total = 0\n    count = 0\n"
+             "    for value in values:\n        total += value\n        count += 1\n    return total / count\n```\n\n"
+             "Edit it so that it returns 0.0 for an empty list and has type hints. Reply with the whole edited "
+             "function only."),
 ]
 
 
@@ -283,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "speedup")
     add_model_args(d)
     add_decoding_args(d)
-    d.set_defaults(func=cmd_demo, max_new_tokens=96, method="auto")
+    d.set_defaults(func=cmd_demo, max_new_tokens=96)
     c = sub.add_parser("calibrate", help="measure this machine's forward costs (target vs k scored tokens, draft "
                                          "token, prefill), cache and print them, with this machine's regime: "
                                          "whether drafting pays here and the speedup to expect")

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import methods
 from .errors import InvalidType, InvalidValue
+from .methods import DEFAULT_METHOD
 
 if TYPE_CHECKING:
     from .sampling import SamplingConfig
@@ -35,7 +36,7 @@ class MethodRequest:
     """A decoding method with its settings, resolved against the registry and validated (a one-line
     :class:`~pacer.errors.PacerError` otherwise); see the module docstring for the terms."""
 
-    method: str = "sd"
+    method: str = DEFAULT_METHOD
     gamma: int | None = None
     min_draft: int | None = None
     max_draft: int | None = None
@@ -63,7 +64,7 @@ class MethodRequest:
         object.__setattr__(self, "drafter_options", drafter)
 
     @classmethod
-    def of(cls, method: str | MethodRequest = "sd", **settings: Any) -> MethodRequest:
+    def of(cls, method: str | MethodRequest = DEFAULT_METHOD, **settings: Any) -> MethodRequest:
         """A request from a method's name and keyword settings: ``gamma``, ``min_draft``, ``max_draft``,
         ``cost_aware``, ``options`` (a mapping) and any other keyword as an option; ``None`` values are not
         given. A :class:`MethodRequest` is returned as it is (then nothing else may be given)."""
@@ -146,7 +147,7 @@ class GenerationRequest:
     sampling: SamplingConfig | None = None
 
     @classmethod
-    def of(cls, method: str | MethodRequest | GenerationRequest = "sd", max_new_tokens: int | None = None,
+    def of(cls, method: str | MethodRequest | GenerationRequest = DEFAULT_METHOD, max_new_tokens: int | None = None,
            sampling: SamplingConfig | None = None, **settings: Any) -> GenerationRequest:
         """A request from a method (a :class:`MethodRequest`, or a name with keyword settings:
         :meth:`MethodRequest.of`), a budget (``None``: 128) and sampling. A :class:`GenerationRequest` is returned

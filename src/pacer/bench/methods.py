@@ -11,7 +11,8 @@ verification rule of this method's runs, ``pacer bench --verify`` for every meth
 and the method's own registered options
 (``threshold``, ``path``, ``block``, ``initial``, Ouroboros's ``ngram``, ``candidates``, ``sources``, ...). A value
 ``A..B`` expands into one method per integer in ``A..B`` (``sd:gamma=2..8`` is seven methods). ``hf-assisted``
-takes ``schedule``, ``tokens`` and ``threshold``.
+takes ``schedule``, ``tokens`` and ``threshold``. ``lookup@llamacpp`` (llama-cpp-python's own prompt lookup on the
+run's GGUF target, :mod:`pacer.bench.peer`) takes ``num_pred_tokens``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from .. import methods
 from ..errors import PacerError
 from ..request import SETTINGS, MethodRequest
 from ..sampling import VERIFY_RULES, SamplingConfig
+from .peer import PEER
+from .peer import check_options as check_peer
 
 HF_ASSISTED = "hf-assisted"
 #: the user's real anchor on a transformers-backend run of a GGUF target: llama.cpp's plain decoding of the same
@@ -41,7 +44,7 @@ GENERATE_KEYS = SETTINGS
 
 
 def all_methods() -> tuple[str, ...]:
-    return (*methods.names(), HF_ASSISTED)
+    return (*methods.names(), HF_ASSISTED, PEER)
 
 
 def parse_value(text: str) -> int | float | bool | str:
@@ -80,7 +83,7 @@ class MethodSpec:
     @property
     def greedy_only(self) -> bool:
         """It decodes greedily only (the registry says which methods; ``hf-assisted`` is greedy here)."""
-        return self.name == HF_ASSISTED or methods.get(self.name).greedy_only
+        return self.name in (HF_ASSISTED, PEER) or methods.get(self.name).greedy_only
 
     @property
     def verify(self) -> str | None:
@@ -117,11 +120,13 @@ def _check(name: str, opts: list[tuple[str, object]], raw: str) -> None:
         raise PacerError(f"method '{raw}' repeats an option")
     if VERIFY in keys:
         rule = dict(opts)[VERIFY]
-        if name == HF_ASSISTED or not methods.get(name).drafts:
+        if name in (HF_ASSISTED, PEER) or not methods.get(name).drafts:
             raise PacerError(f"method '{raw}': {name} verifies no draft; verify= is for drafting methods")
         if rule not in VERIFY_RULES:
             raise PacerError(f"method '{raw}': verify must be one of {', '.join(VERIFY_RULES)}, got {rule!r}")
         opts = [(k, v) for k, v in opts if k != VERIFY]
+    if name == PEER:  # llama-cpp-python's own prompt lookup (pacer.bench.peer)
+        return check_peer(dict(opts), raw)
     if name == HF_ASSISTED:
         for k, v in opts:
             if k not in HF_KEYS:

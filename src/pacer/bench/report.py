@@ -350,8 +350,13 @@ def write_report(out: Path, records: list[dict], methods: list[str], meta: dict)
     summary["priced_first_round"] = clock == "wall" or price is not None
     summary["meta"] = meta
     summary["records"] = len(records)
+    from .limit import oracle_markdown, oracle_summary
+
+    summary["priced_oracle"] = oracle_summary(records, summary["methods"], out)  # None: no oracle pass
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
-    atomic_write_text(out / "report.md", markdown(summary, meta))
+    text = markdown(summary, meta)
+    atomic_write_text(out / "report.md", text + ("\n" + "\n".join(oracle_markdown(summary["priced_oracle"]))
+                                                 if summary["priced_oracle"] else ""))
     hists = draft_length_histograms(records)
     plot_speedup(summary, out / PLOTS[0])
     plot_oracle(hists, out / PLOTS[1])

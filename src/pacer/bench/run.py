@@ -165,6 +165,7 @@ def run(args: argparse.Namespace, out: Path, specs: list, questions: list, previ
     for note in profile_notes:
         print(f"pacer bench: note: {note}", file=sys.stderr)
     decoders, specs, methods_text = _with_anchor(args, dec, specs, methods_text)
+    decoders.update(_peers(args, dec, specs, decoders))
     if not args.quick and dec.pair.record.dtypes:
         args.dtype = dtype  # the recorded command names the dtype that ran, not "auto" (a rerun elsewhere may differ)
     config = _config(args, dec, target, draft, dtype)
@@ -230,6 +231,23 @@ def _with_anchor(args: argparse.Namespace, dec, specs: list, methods_text: str) 
             decoders[ANCHOR] = anchor
             specs = [*specs, anchor_spec()]  # run unless --no-anchor: the recorded command needs no method for it
     return decoders, specs, methods_text
+
+
+def _peers(args: argparse.Namespace, dec, specs: list, decoders: dict) -> dict:
+    """The model of llama-cpp-python's prompt lookup (:mod:`pacer.bench.peer`) for every ``lookup@llamacpp`` spec:
+    the run's GGUF target (the run's own on the llama.cpp backend, the anchor's beside a transformers run), on the
+    run's threads and context; a run that asks for it without a GGUF target is a one-line error."""
+    from .peer import PEER, LlamaLookupPeer, gguf_path
+
+    labels = [s.label for s in specs if s.name == PEER]
+    if not labels:
+        return {}
+    owner = next((d for d in (dec, *decoders.values()) if gguf_path(d) is not None), None)
+    if owner is None:
+        raise PacerError(f"{PEER} runs llama-cpp-python on the target's GGUF file, and this run's target "
+                         f"{args.target} was not loaded from one; pass a .gguf --target or drop {PEER}")
+    peer = LlamaLookupPeer(dec, gguf_path(owner), dec.threads, owner.target.context)
+    return dict.fromkeys(labels, peer)
 
 
 def _config(args: argparse.Namespace, dec, target: str, draft: str, dtype: str) -> dict:
@@ -382,8 +400,21 @@ def _bench(args: argparse.Namespace, dec, specs: list, questions: list, out: Pat
             log(f"pacer bench: could not write the partial report: {e}")
         raise
     meta["skipped"] = bench.skipped
+    _oracle_pass(dec, questions, bench.records, out, clocks, sampling is None)
     write_meta(out, meta)  # --report-only reads the skips from run.json
     return report(out, labels, meta)
+
+
+def _oracle_pass(dec, questions: list, records: list, out: Path, clocks: dict, greedy: bool) -> None:
+    """The priced oracle's pass (:func:`pacer.bench.limit.record_oracle`) on the run's costs: ``--costs``'
+    profile, else this machine's calibration (greedy runs with a clock only)."""
+    profile = clocks.get("profile") or clocks.get("own")
+    if not greedy or profile is None:
+        return
+    from ..costs import ContextCosts
+    from .limit import record_oracle
+
+    record_oracle(dec, questions, records, ContextCosts(profile.costs), out, log)
 
 
 def _print_summary(summary: dict, out: Path) -> None:
@@ -391,12 +422,16 @@ def _print_summary(summary: dict, out: Path) -> None:
     def f(x: float | None) -> str:
         return "-" if x is None else f"{x:.2f}"
 
-    print(f"{'method':<34} {'speedup':>8} {'median':>8} {'tok/s':>8} {'tau':>6} {'lossless':>9}")
+    oracle = ((summary.get("priced_oracle") or {}).get("groups") or {}).get("overall", {})
+    print(f"{'method':<34} {'speedup':>8} {'median':>8} {'tok/s':>8} {'tau':>6} {'lossless':>9}"
+          + (f" {'oracle':>7} {'of it':>6}" if oracle else ""))
     for m, s in overall.items():
         ll = "base" if m == "ar" else f"{s['lossless_identical']}/{s['lossless_checked']}" \
             if s["lossless_checked"] else "sampled"
+        o = oracle.get(m, {})
         print(f"{m:<34} {f(s['speedup']):>8} {f(s['median_ratio']):>8} {f(s['tokens_per_s']):>8} "
-              f"{f(s['tau']):>6} {ll:>9}")
+              f"{f(s['tau']):>6} {ll:>9}" + (f" {f(o.get('oracle_speedup')):>7} {f(o.get('of_oracle')):>6}"
+                                            if oracle else ""))
     n = len(summary["divergences"])
     if n:
         print(f"WARNING: {n} output(s) differ from plain decoding - see {out / 'report.md'}")

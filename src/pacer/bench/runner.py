@@ -24,6 +24,7 @@ from . import records as rec_io
 from .data import Question
 from .hf import hf_assisted_generate
 from .methods import HF_ASSISTED, MethodSpec
+from .peer import PEER
 
 
 @dataclass
@@ -50,6 +51,9 @@ def run_turn(dec, spec: MethodSpec, ids: list[int], max_new_tokens: int,
         r = hf_assisted_generate(dec, ids, max_new_tokens, spec.opts)
         return TurnOut(r.token_ids, dec.decode(r.token_ids), r.wall_time, [n + 1 for n in r.accepted_counts],
                        r.draft_lengths, r.target_calls, r.draft_forwards, r.finish_reason, list(ids))
+    if spec.name == PEER:  # dec is the peer's model (pacer.bench.peer.LlamaLookupPeer)
+        out, wall, reason = dec.generate(ids, max_new_tokens, **spec.opts)
+        return TurnOut(out, dec.dec.decode(out), wall, [], [], 0, 0, reason, list(ids))
     kwargs: dict = {}
     if reference is not None:  # read by a policy that needs it (the oracle), ignored by the others
         kwargs["reference"] = reference

@@ -23,6 +23,7 @@ from . import oracle  # noqa: F401  oracle
 from . import learned  # noqa: F401  specdecpp, pacer
 from . import phrase  # noqa: F401  ouroboros, pacer+ouroboros
 from . import lookup  # noqa: F401  lookup (no draft model)
+from .default import DEFAULT_METHOD, resolve_default
 
-__all__ = ["COMMON", "DRAFT_VOCAB", "Build", "Method", "Option", "all_options", "get", "names", "path_options",
-           "register", "table", "unregister"]
+__all__ = ["COMMON", "DEFAULT_METHOD", "DRAFT_VOCAB", "Build", "Method", "Option", "all_options", "get", "names",
+           "path_options", "register", "resolve_default", "table", "unregister"]

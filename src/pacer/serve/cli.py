@@ -41,7 +41,7 @@ def register(subparsers) -> None:
                         "upper bound on draft tokens per round; other keys are the method's options; vLLM's "
                         "rejection_sample_method standard|block sets --verify token|block)")
     add_verify_arg(g, "token; a request's {\"pacer\": {\"verify\": \"block\"}} chooses its own")
-    add_method_args(p, default="auto")
+    add_method_args(p)
     add_model_args(p)
     p.set_defaults(func=cmd_serve)
 

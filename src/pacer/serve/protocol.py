@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import PacerError
 from ..io import loads_json
-from ..methods import DRAFT_VOCAB, path_options
+from ..methods import DEFAULT_METHOD, DRAFT_VOCAB, path_options
 from ..prompt import check_stop
 from ..request import SETTINGS, GenerationRequest, MethodRequest
 from ..sampling import SamplingConfig
@@ -51,7 +51,7 @@ class Defaults:
     a method's name is taken as its request with no settings), ``max_tokens`` and the verification rule
     (``--verify``)."""
 
-    request: MethodRequest | str = "sd"
+    request: MethodRequest | str = DEFAULT_METHOD
     max_tokens: int = 256
     verify: str = "token"
 
