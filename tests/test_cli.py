@@ -280,13 +280,14 @@ def test_demo_refuses_sampling_flags_it_would_ignore(capsys, pair):
 
 def test_generate_verify_block(capsys, pair):
     """``--verify block`` samples with block verification: seeded draws are reproducible and are not the token-level
-    rule's draws of the same seed; greedy output is the same under either rule."""
+    rule's draws of the same seed; at temperature 0 it is refused (greedy decoding verifies by exact matching), as
+    by every entry point (tests/test_verify_rule.py)."""
     sampling = ["--temperature", "1.0", "--seed", "4", "--max-new-tokens", "24", "--gamma", "4"]
     token = gen_json(capsys, pair, PROMPT, *sampling)
     block, again = (gen_json(capsys, pair, PROMPT, *sampling, "--verify", "block") for _ in range(2))
     assert block["token_ids"] == again["token_ids"] != token["token_ids"]
     greedy = ["--max-new-tokens", "16", "--gamma", "4"]
-    assert gen_json(capsys, pair, PROMPT, *greedy, "--verify", "block")["token_ids"] == \
+    assert gen_json(capsys, pair, PROMPT, *greedy, "--verify", "token")["token_ids"] == \
         gen_json(capsys, pair, PROMPT, *greedy)["token_ids"]
 
 
@@ -331,6 +332,7 @@ def test_calibrate_prints_the_curve_and_plots_it(capsys, pair, tmp_path, monkeyp
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list((tmp_path / "home" / "calibration").glob("*.json"))  # cached
     assert "\n=> regime: verification " in out
+    assert "\n=> break-even: drafting pays once " in out or "\n=> break-even: no draft pays on this curve" in out
     rc, out, err = run(capsys, pair, "calibrate", "--json")
     assert rc == 0 and json.loads(out)["source"] == "measured"  # calibrate always measures afresh
     from pacer.calibration import regime
@@ -338,6 +340,10 @@ def test_calibrate_prints_the_curve_and_plots_it(capsys, pair, tmp_path, monkeyp
 
     doc = json.loads(out)  # the regime, from the curve just measured
     assert doc["regime"] == regime(Costs.from_dict(doc["costs"]), "transformers", doc["key"]["target_dtype"])
+    from pacer import breakeven
+
+    costs = Costs.from_dict(doc["costs"])  # the break-even acceptance of the curve just measured
+    assert doc["break_even"] == breakeven.describe(costs.draft, costs.target_cost)
     rc, out, err = run(capsys, pair, "calibrate", "--plot", str(tmp_path / "curve.jpg"))
     assert rc == 2 and "--plot" in err
     rc, out, err = run(capsys, pair, "calibrate", "--plot", "/proc/nope/x.png")  # refused before measuring
