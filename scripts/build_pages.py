@@ -5,7 +5,7 @@ written here from the reports' ``summary.json`` (its ``meta`` is the run's ``run
 (``docs/profiles/*.json``): the speedups, the clock they are on, the profile clock's own check
 (*own / wall*), the CPU, backend, commit, tokens and questions of each run. ``tests/test_pages.py`` rebuilds the
 pages in memory and fails where a page differs from what its reports say, and re-reads every report's header
-with today's parser (:func:`report_problems`).
+with the current parser (:func:`report_problems`).
 
 The README's measured table is built from every report folder under ``docs/bench/readme/`` (:func:`regime_row`).
 
@@ -79,7 +79,7 @@ def run_facts(s: dict) -> str:
     dirty = " with uncommitted changes" if m.get("git_dirty") else ""
     segs = len(m.get("segments") or [])
     segments = f", run in {segs} segments" if segs > 1 else ""
-    repriced = " (re-priced with today's profile)" if m.get("repriced_from") else ""
+    repriced = " (re-priced with the profile named)" if m.get("repriced_from") else ""
     return (f"CPU: {cpu}; {backend} {dtype}, {m.get('threads', '?')} threads; {m.get('max_new_tokens')} new tokens, "
             f"{n_q} questions ({m.get('datasets')}); {decoding}; {clock_text}{repriced}; "
             f"commit `{commit}`{dirty}{segments}")
@@ -321,12 +321,12 @@ DEFAULT_LABELS = ("pacer+ouroboros", "pacer")
 
 
 def regime_table() -> str:
-    """The README's table: what pacer does on each machine and backend measured at today's code, from the reports
+    """The README's table: what pacer does on each machine and backend measured at the current code, from the reports
     under docs/bench/readme/."""
     lines = ["| where | what pacer does | speedup over plain decoding on the same backend | questions, baseline | "
              "report |", "|---|---|---|---|---|"]
     rows = readme_reports()
-    lines += [regime_row(r) for r in rows] or ["| - | not yet measured at today's code | - | - | - |"]
+    lines += [regime_row(r) for r in rows] or ["| - | not yet measured at the current code | - | - | - |"]
     return "\n".join(lines)
 
 
@@ -444,6 +444,51 @@ def differences(page: Path, text: str, blocks: dict[str, str]) -> list[str]:
     return bad
 
 
+# ------------------------------------------------------------------------------------------------ prose figures
+#: a measured figure in prose: a number with a unit of time, speed, size or share, or an "x" speed figure
+FIGURE = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)?(?:\s*-\s*\d+(?:\.\d+)?)?(?:\s?(?:ms|s|tok/s|tokens/s|GB)\b|%|x\b)")
+#: a file the paragraph cites: a relative Markdown link or a backticked path in the tree
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+CODE_PATH = re.compile(r"`([\w./-]+\.(?:py|json|jsonl|gz|md|sh|toml))`")
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+#: the prose pages the figure check reads (reports are generated, not prose)
+PROSE = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "docs" / "bench" / "README.md",
+         ROOT / "docs" / "profiles" / "README.md")
+
+
+def _units(text: str) -> list[str]:
+    """A page's prose split where a figure must find its source: paragraphs, list items and table rows."""
+    out: list[str] = []
+    for para in re.split(r"\n\s*\n", text):
+        lines = para.split("\n")
+        if all(ln.startswith("|") for ln in lines if ln.strip()):
+            out += lines
+        else:
+            out += [p for p in re.split(r"\n(?=\s*(?:[-*]|\d+\.) )", para)]
+    return out
+
+
+def unchecked_figures(page: Path, text: str) -> list[str]:
+    """The figures of a page's prose that neither sit in a built block (``<!-- table:... -->``, the method table)
+    nor cite their file (a relative link or a backticked path that exists) in the same paragraph, list item or
+    table row."""
+    text = MARKER.sub("", text)
+    text = re.sub(r"<!-- methods -->.*?<!-- /methods -->", "", text, flags=re.S)
+    text = FENCE.sub("", text)
+    bad = []
+    for unit in _units(text):
+        figures = FIGURE.findall(re.sub(r"`[^`]*`", "", unit))
+        if not figures:
+            continue
+        cited = [m for m in LINK.findall(unit) if not m.startswith(("http:", "https:"))
+                 and (page.parent / m).resolve().exists()]
+        cited += [m for m in CODE_PATH.findall(unit) if (ROOT / m).exists() or (page.parent / m).exists()]
+        if not cited:
+            first = unit.strip().splitlines()[0][:100]
+            bad.append(f"{page.relative_to(ROOT)}: {', '.join(figures)} in \"{first}...\" cites no file")
+    return bad
+
+
 # ------------------------------------------------------------------------------------------------ report headers
 def header_command(report_md: Path) -> str:
     """The command a report's header names (``- command: `...```)."""
@@ -521,7 +566,7 @@ def checkpoint_problems(args: argparse.Namespace) -> list[str]:
 
 
 def header_problems(command: str, s: dict, folder: str) -> list[str]:
-    """What keeps a report's header (``command``) from re-running it at today's code: ``s`` is the report's
+    """What keeps a report's header (``command``) from re-running it at the current code: ``s`` is the report's
     ``summary.json``, ``folder`` its folder relative to the repository (``docs/bench/NAME``). Empty: the command
     parses with pacer bench's own parser and method-spec parser, names no machine path, writes into ``folder``,
     loads every method on its backend, writes exactly the method labels of the report's tables, and, priced with a
@@ -533,7 +578,7 @@ def header_problems(command: str, s: dict, folder: str) -> list[str]:
     try:
         args = parse_bench_command(command)
     except (Exception, SystemExit) as e:  # noqa: BLE001 - the parser's exit or a PacerError: the header fails
-        return [f"today's parser refuses it: {e}"]
+        return [f"the current parser refuses it: {e}"]
     bad = []
     if str(args.out).rstrip("/") != folder:
         bad.append(f"it writes into --out {args.out}, not the report's folder {folder}")

@@ -429,3 +429,29 @@ def test_calibrate_exports_a_cost_profile_that_generate_and_bench_take(capsys, p
     assert rc == 2 and "llamacpp backend" in err and len(err.strip().splitlines()) == 1
     rc, out, err = run(capsys, pair, "calibrate", "--export", str(tmp_path), "--contexts", "8")
     assert rc == 2 and "existing folder" in err
+
+
+def test_the_glossary_names_every_printed_statistic(capsys, pair):
+    """Every field ``pacer generate --json`` prints (a phrase drafter's, so that the drafter's fields are there too;
+    the cost rule's; the statistics') is explained in docs/glossary.md, as are the printed lines' labels."""
+    import re
+    from pathlib import Path
+
+    glossary = (Path(__file__).resolve().parents[1] / "docs" / "glossary.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`([\w]+)`", glossary))
+    doc = gen_json(capsys, pair, PROMPT, "--method", "ouroboros", "--max-new-tokens", "16")
+
+    def keys(obj: dict, path: str = "") -> list[str]:
+        out = []
+        for k, v in obj.items():
+            if k.isdigit() or path.endswith(("_by_source", "histogram", "target", "draft_curve")):
+                continue  # a curve's k, a histogram's bin, a source's name: values, not fields
+            out.append(k)
+            if isinstance(v, dict):
+                out += keys(v, k)
+        return out
+
+    missing = sorted(set(keys(doc)) - named)
+    assert not missing, f"docs/glossary.md does not explain {missing}"
+    for label in ("[cost-aware]", "[profile clock]", "=> break-even:", "why not faster:", "outputs identical:"):
+        assert label in glossary

@@ -131,3 +131,28 @@ def test_the_readme_table_takes_held_out_reports_only(monkeypatch, tmp_path):
     table = pages.regime_table()
     assert "[readme/x](docs/bench/readme/x/report.md)" in table and "`pacer` drafts" in table
     assert "`sd:gamma=4` " + pages.fmt(s["groups"]["overall"]["sd:gamma=4"]["wall_speedup"]) + " wall" in table
+
+
+@pytest.mark.parametrize("page", pages.PROSE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_prose_figure_is_built_or_cites_its_file(page):
+    """A number with a unit (ms, s, tok/s, GB, %) or an "x" speed figure in the prose of README.md and docs/ sits
+    in a built block or cites its file (a relative link or a backticked path in the tree) in its paragraph."""
+    bad = pages.unchecked_figures(page, page.read_text(encoding="utf-8"))
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("figure", ["3-40 s", "1.14x", "12%", "250 ms", "5.2 tok/s"])
+def test_a_changed_prose_figure_is_caught(figure):
+    """A figure written into prose without its source, or one changed inside a built table, fails."""
+    page = ROOT / "README.md"
+    text = page.read_text(encoding="utf-8")
+    edited = text.replace("## Use\n", f"## Use\n\nCalibration takes {figure} here.\n", 1)
+    bad = pages.unchecked_figures(page, edited)
+    assert len(bad) == 1 and figure in bad[0], bad
+    cited = text.replace("## Use\n", f"## Use\n\nCalibration takes {figure} ([results](docs/results.md)).\n", 1)
+    assert not pages.unchecked_figures(page, cited)
+    results = ROOT / "docs" / "results.md"
+    body = results.read_text(encoding="utf-8")
+    row = next(line for line in body.splitlines() if line.startswith("| pacer |"))
+    changed = body.replace(row, row.replace(row.split(" | ")[1], "9.99x", 1), 1)
+    assert pages.differences(results, changed, pages.PAGES[results]())
