@@ -7,7 +7,9 @@ written here from the reports' ``summary.json`` (its ``meta`` is the run's ``run
 pages in memory and fails where a page differs from what its reports say, and re-reads every report's header
 with the current parser (:func:`report_problems`).
 
-The README's measured table is built from every report folder under ``docs/bench/readme/`` (:func:`regime_row`).
+The README's measured table is built from every report folder under ``docs/bench/readme/`` (:func:`regime_row`),
+and the flag reference ``docs/flags.md`` from the commands' own parsers (:func:`flag_table`): one command rebuilds
+every generated page.
 
     PYTHONPATH=src python scripts/build_pages.py          # rewrite the tables in place
     PYTHONPATH=src python scripts/build_pages.py --check  # exit 1 naming every table that differs

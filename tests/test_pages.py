@@ -156,3 +156,28 @@ def test_a_changed_prose_figure_is_caught(figure):
     row = next(line for line in body.splitlines() if line.startswith("| pacer |"))
     changed = body.replace(row, row.replace(row.split(" | ")[1], "9.99x", 1), 1)
     assert pages.differences(results, changed, pages.PAGES[results]())
+
+
+def test_the_lossless_table_counts_drafting_outputs_on_their_backends_scale(monkeypatch, tmp_path):
+    """An output that drafted nothing is plain decoding by construction and is not counted; a llama.cpp divergence
+    is measured in multiples of its block noise, a bf16 one in steps of the dtype's resolution."""
+    folder = tmp_path / "r"
+    folder.mkdir()
+
+    def rec(method, qid, drafts, lossless):
+        return {"method": method, "dataset": "d", "question_id": qid, "repeat": 0, "lossless": lossless,
+                "choices": [{"draft_lengths": [drafts]}]}
+
+    records = [rec("ar", "1", [], None), rec("sd", "1", [0, 0], True), rec("sd", "2", [3, 1], True),
+               rec("sd", "3", [2], False), rec("sd", "4", [4], False)]
+    (folder / "answers.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    div = [{"method": "sd", "dataset": "d", "question_id": "3", "repeat": 0, "gap": 0.5, "top2_gap": 0.5,
+            "resolution": 1e-6, "noise": 0.4},
+           {"method": "sd", "dataset": "d", "question_id": "4", "repeat": 0, "gap": 0.5, "top2_gap": 0.5,
+            "resolution": 1e-6, "noise": 0.2}]
+    (folder / "summary.json").write_text(json.dumps({"divergences": div, "meta": {}, "groups": {"overall": {}}}))
+    monkeypatch.setattr(pages, "BENCH", tmp_path)
+    c = pages.lossless_counts("r")
+    assert (c["checked"], c["identical"], c["differ"], c["within"], c["beyond"]) == (3, 1, 2, 1, 1), c
+    assert c["worst"] == "2.5 x noise"
+    assert pages.divergence_scale({"gap": 0.25, "top2_gap": 0.5, "resolution": 0.125}) == (2.0, "steps")
