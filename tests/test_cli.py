@@ -274,8 +274,8 @@ def test_demo_refuses_sampling_flags_it_would_ignore(capsys, pair):
     rc, out, err = run(capsys, pair, "demo", "--temperature", "0.7", "--stop", "x")
     assert rc == 2 and err.startswith("pacer: error: pacer demo decodes greedily") and "--temperature, --stop" in err
     assert out == ""
-    rc, out, err = run(capsys, pair, "demo", "--verify", "block")
-    assert rc == 2 and "takes no --verify" in err and out == ""
+    rc, out, err = run(capsys, pair, "demo", "--verify", "block")  # refused as by every entry point
+    assert rc == 2 and "--verify (block) needs sampling" in err and out == ""
 
 
 def test_generate_verify_block(capsys, pair):

@@ -48,7 +48,7 @@ def test_every_command_refuses_it_before_any_model_loads(argv, capsys, tmp_path)
     rc = main([*argv, "--target", "/nonexistent/model", "--draft", "/nonexistent/draft"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "--verify" in err[0], err
-    assert NEEDS in err[0] or argv[0] == "demo"  # demo decodes greedily and takes no sampling flag at all
+    assert NEEDS in err[0]
     assert not (tmp_path / "run").exists()
 
 
