@@ -36,3 +36,14 @@ def test_a_greedy_report_counts_what_it_compared():
     for e in s["groups"]["overall"].values():
         e["lossless_checked"] = 0
     assert "No output was compared with plain decoding's" in markdown(s, s["meta"])
+
+
+def test_every_committed_report_says_what_it_checked():
+    """A committed sampling report never claims greedy outputs checked; one priced with a profile names its hash."""
+    for folder in sorted(p.parent for p in BENCH.rglob("summary.json")):
+        s = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+        text = (folder / "report.md").read_text(encoding="utf-8")
+        if s["meta"].get("temperature"):
+            assert "greedy outputs are identical" not in text, folder
+        if sha := (s["meta"].get("profile_clock") or {}).get("sha256"):
+            assert sha in text, folder
