@@ -61,13 +61,22 @@ def speedup(entry: dict, clock: str, primary: str) -> float | None:
     return entry.get("wall_speedup") if clock == "wall" else None
 
 
+def questions_ran(s: dict) -> str:
+    """The questions a report ran (``ar``'s, which every method is paired with), and the methods that ran fewer
+    (a question skipped for one of them, e.g. a prompt past the anchor's context)."""
+    ran = {label: e.get("questions") for label, e in s["groups"]["overall"].items()}
+    n = ran.get("ar") or len(s["meta"].get("questions") or [])
+    fewer = [f"{label} {q}" for label, q in ran.items() if isinstance(q, int) and q < n]
+    return f"{n} questions" + (f" ({', '.join(fewer)})" if fewer else "")
+
+
 def run_facts(s: dict) -> str:
     """CPU, backend, threads, tokens, questions, decoding, clocks and commit of a report, in one line."""
     m = s["meta"]
     cpu = m.get("cpu") or "CPU not recorded"
     backend = m.get("backend") or "transformers"
     dtype = m.get("dtype", "?")
-    n_q = len(m.get("questions") or [])
+    n_q = questions_ran(s)
     t = m.get("temperature") or 0
     decoding = f"sampling at T = {t:g}" if t else "greedy"
     clock = primary_clock(s)
@@ -83,7 +92,7 @@ def run_facts(s: dict) -> str:
     segments = f", run in {segs} segments" if segs > 1 else ""
     repriced = " (re-priced with the profile named)" if m.get("repriced_from") else ""
     return (f"CPU: {cpu}; {backend} {dtype}, {m.get('threads', '?')} threads; {m.get('max_new_tokens')} new tokens, "
-            f"{n_q} questions ({m.get('datasets')}); {decoding}; {clock_text}{repriced}; "
+            f"{n_q} ({m.get('datasets')}); {decoding}; {clock_text}{repriced}; "
             f"commit `{commit}`{dirty}{segments}")
 
 
@@ -311,7 +320,7 @@ def regime_row(report: str) -> str:
         figures.append(f"`{label}` {fmt(wall)} wall{prof}")
     t = m.get("temperature") or 0
     plain = overall["ar"].get("wall_tokens_per_s") or overall["ar"].get("tokens_per_s")
-    facts = (f"{len(m.get('questions') or [])} questions ({m.get('datasets')}), {m.get('max_new_tokens')} new tokens, "
+    facts = (f"{questions_ran(s)} ({m.get('datasets')}), {m.get('max_new_tokens')} new tokens, "
              f"{f'T = {t:g}' if t else 'greedy'}; baseline `ar`: plain decoding on {m.get('backend')}, one target "
              f"forward a token, {fmt(plain, ' tokens/s')} wall")
     return (f"| {where} | `{default}` {what_it_does(overall[default])} | {'; '.join(figures)} | {facts} | "

@@ -181,3 +181,11 @@ def test_the_lossless_table_counts_drafting_outputs_on_their_backends_scale(monk
     assert (c["checked"], c["identical"], c["differ"], c["within"], c["beyond"]) == (3, 1, 2, 1, 1), c
     assert c["worst"] == "2.5 x noise"
     assert pages.divergence_scale({"gap": 0.25, "top2_gap": 0.5, "resolution": 0.125}) == (2.0, "steps")
+
+
+def test_a_table_counts_the_questions_that_ran():
+    """The question count is the questions run (``ar``'s), and a method that ran fewer is named with its count."""
+    s = pages.summary("tf-live-xeon-amx")
+    assert pages.questions_ran(s) == "40 questions (ar@llamacpp 39)"
+    s["groups"]["overall"]["ar@llamacpp"]["questions"] = 40
+    assert pages.questions_ran(s) == "40 questions"
