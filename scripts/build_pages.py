@@ -322,7 +322,10 @@ def regime_row(report: str) -> str:
     plain = overall["ar"].get("wall_tokens_per_s") or overall["ar"].get("tokens_per_s")
     facts = (f"{questions_ran(s)} ({m.get('datasets')}), {m.get('max_new_tokens')} new tokens, "
              f"{f'T = {t:g}' if t else 'greedy'}; baseline `ar`: plain decoding on {m.get('backend')}, one target "
-             f"forward a token, {fmt(plain, ' tokens/s')} wall")
+             f"forward a token, {fmt(plain, ' tokens/s')} wall"
+             + ("" if m.get("backend") != "transformers" else " (PyTorch's one-token kernel path: "
+                "[plain decoding on PyTorch](docs/results.md#plain-decoding-on-pytorch); `ar@llamacpp` is llama.cpp's "
+                "plain decoding of the same file)"))
     return (f"| {where} | `{default}` {what_it_does(overall[default])} | {'; '.join(figures)} | {facts} | "
             f"[{report}](docs/bench/{report}/report.md) |")
 
@@ -418,8 +421,14 @@ def flag_blocks() -> dict[str, str]:
     return {f"flags-{c}": flag_table(c) for c in FLAG_COMMANDS}
 
 
+def bench_index_blocks() -> dict[str, str]:
+    """The bench index's list of the README's reports (docs/bench/readme/), each with its run's facts."""
+    rows = [f"- [{r}]({r}/report.md): {run_facts(summary(r))}" for r in readme_reports()]
+    return {"readme-reports": "\n".join(rows) or "- none yet"}
+
+
 PAGES = {ROOT / "docs" / "results.md": results_blocks, ROOT / "README.md": readme_blocks,
-         ROOT / "docs" / "flags.md": flag_blocks}
+         ROOT / "docs" / "flags.md": flag_blocks, BENCH / "README.md": bench_index_blocks}
 
 
 def rebuild(text: str, blocks: dict[str, str], page: str = "page") -> str:
