@@ -24,7 +24,7 @@ catch-up and the policies' updates are the loop's, not a model of them. Policies
 rule (:class:`pacer.policies.cost_aware.CostAwarePolicy` over ``sd`` capped at 16, deciding on the forward costs and
 learning the acceptance per draft position as it goes) and the oracle length (:class:`pacer.policies.OraclePolicy`:
 drafts exactly the tokens the draft gets right; also under the cost-aware rule). Traces: the per-round accepted
-counts of the ``oracle`` method in the committed benchmark runs (``docs/bench/default-pair-n10/answers.jsonl``: the
+counts of the ``oracle`` method in a committed benchmark run (``scripts/data/acceptance-traces.jsonl``: the
 real Qwen2.5-Coder 1.5B/0.5B pair; a run of ``n`` accepted tokens is ``n`` agreements and one disagreement) and
 i.i.d. per-token acceptance ``α`` in {0.6, 0.7, 0.8}.
 
@@ -67,7 +67,7 @@ ALPHAS = (0.6, 0.7, 0.8)
 #: the cost-aware rule's cap in the replay (``sd`` capped at this many tokens)
 AWARE_CAP = 16
 REDUCED_VOCAB = 32768
-TRACES = Path(__file__).resolve().parents[1] / "docs" / "bench" / "default-pair-n10" / "answers.jsonl"
+TRACES = Path(__file__).resolve().parent / "data" / "acceptance-traces.jsonl"
 
 
 @dataclass(frozen=True)
@@ -495,7 +495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=None, help="forwards per timed point (default 10)")
     ap.add_argument("--traces", action="append", default=None,
                     help="a pacer bench answers.jsonl with oracle records (repeatable; default: "
-                         "docs/bench/default-pair-n10/answers.jsonl)")
+                         "scripts/data/acceptance-traces.jsonl)")
     args = ap.parse_args(argv)
     from pacer.errors import PacerError
 

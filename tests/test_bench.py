@@ -1020,7 +1020,7 @@ def test_quick_sampling_runs_both_verification_rules_interleaved(tmp_path, capsy
     assert main([*argv, "--resume"]) == 2 and "verify='block'" in capsys.readouterr().err
     for greedy in (["--verify", "block"], ["--methods", "ar,sd:verify=block"]):
         assert main([*base, "--out", str(tmp_path / "g"), *greedy]) == 2
-        assert "greedy decoding (--temperature 0) verifies by exact matching" in capsys.readouterr().err
+        assert "--verify (block) needs sampling: greedy decoding (temperature 0)" in capsys.readouterr().err
     assert not (tmp_path / "g").exists()
 
 

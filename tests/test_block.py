@@ -320,11 +320,13 @@ def test_generate_block_negative_control(monkeypatch):
 
 @pytest.mark.parametrize("method,kw", [("sd", {"gamma": 4}), ("sd", {}), ("lookup", {}), ("ouroboros", {})])
 def test_greedy_output_is_unchanged(close, method, kw):
-    """Greedy decoding verifies by exact matching under either rule: the same tokens as plain decoding."""
+    """Greedy decoding verifies by exact matching: the same tokens as plain decoding; block verification at
+    temperature 0 is refused, not ignored (tests/test_verify_rule.py: every entry point alike)."""
     ar = close.generate(PROMPT, "ar", max_new_tokens=24).token_ids
-    for verify in S.VERIFY_RULES:
-        out = close.generate(PROMPT, method, max_new_tokens=24, sampling=SamplingConfig(verify=verify), **kw)
-        assert out.token_ids == ar, (method, verify)
+    out = close.generate(PROMPT, method, max_new_tokens=24, sampling=SamplingConfig(verify="token"), **kw)
+    assert out.token_ids == ar, method
+    with pytest.raises(PacerError, match="needs sampling"):
+        close.generate(PROMPT, method, max_new_tokens=24, sampling=SamplingConfig(verify="block"), **kw)
 
 
 def test_seeded_block_sampling_is_reproducible(close):

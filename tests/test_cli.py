@@ -277,19 +277,20 @@ def test_demo_refuses_sampling_flags_it_would_ignore(capsys, pair):
     rc, out, err = run(capsys, pair, "demo", "--temperature", "0.7", "--stop", "x")
     assert rc == 2 and err.startswith("pacer: error: pacer demo decodes greedily") and "--temperature, --stop" in err
     assert out == ""
-    rc, out, err = run(capsys, pair, "demo", "--verify", "block")
-    assert rc == 2 and "takes no --verify" in err and out == ""
+    rc, out, err = run(capsys, pair, "demo", "--verify", "block")  # refused as by every entry point
+    assert rc == 2 and "--verify (block) needs sampling" in err and out == ""
 
 
 def test_generate_verify_block(capsys, pair):
     """``--verify block`` samples with block verification: seeded draws are reproducible and are not the token-level
-    rule's draws of the same seed; greedy output is the same under either rule."""
+    rule's draws of the same seed; at temperature 0 it is refused (greedy decoding verifies by exact matching), as
+    by every entry point (tests/test_verify_rule.py)."""
     sampling = ["--temperature", "1.0", "--seed", "4", "--max-new-tokens", "24", "--gamma", "4"]
     token = gen_json(capsys, pair, PROMPT, *sampling)
     block, again = (gen_json(capsys, pair, PROMPT, *sampling, "--verify", "block") for _ in range(2))
     assert block["token_ids"] == again["token_ids"] != token["token_ids"]
     greedy = ["--max-new-tokens", "16", "--gamma", "4"]
-    assert gen_json(capsys, pair, PROMPT, *greedy, "--verify", "block")["token_ids"] == \
+    assert gen_json(capsys, pair, PROMPT, *greedy, "--verify", "token")["token_ids"] == \
         gen_json(capsys, pair, PROMPT, *greedy)["token_ids"]
 
 
@@ -334,6 +335,7 @@ def test_calibrate_prints_the_curve_and_plots_it(capsys, pair, tmp_path, monkeyp
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list((tmp_path / "home" / "calibration").glob("*.json"))  # cached
     assert "\n=> regime: verification " in out
+    assert "\n=> break-even: drafting pays once " in out or "\n=> break-even: no draft pays on this curve" in out
     rc, out, err = run(capsys, pair, "calibrate", "--json")
     assert rc == 0 and json.loads(out)["source"] == "measured"  # calibrate always measures afresh
     from pacer.calibration import regime
@@ -341,6 +343,10 @@ def test_calibrate_prints_the_curve_and_plots_it(capsys, pair, tmp_path, monkeyp
 
     doc = json.loads(out)  # the regime, from the curve just measured
     assert doc["regime"] == regime(Costs.from_dict(doc["costs"]), "transformers", doc["key"]["target_dtype"])
+    from pacer import breakeven
+
+    costs = Costs.from_dict(doc["costs"])  # the break-even acceptance of the curve just measured
+    assert doc["break_even"] == breakeven.describe(costs.draft, costs.target_cost)
     rc, out, err = run(capsys, pair, "calibrate", "--plot", str(tmp_path / "curve.jpg"))
     assert rc == 2 and "--plot" in err
     rc, out, err = run(capsys, pair, "calibrate", "--plot", "/proc/nope/x.png")  # refused before measuring
@@ -426,3 +432,29 @@ def test_calibrate_exports_a_cost_profile_that_generate_and_bench_take(capsys, p
     assert rc == 2 and "llamacpp backend" in err and len(err.strip().splitlines()) == 1
     rc, out, err = run(capsys, pair, "calibrate", "--export", str(tmp_path), "--contexts", "8")
     assert rc == 2 and "existing folder" in err
+
+
+def test_the_glossary_names_every_printed_statistic(capsys, pair):
+    """Every field ``pacer generate --json`` prints (a phrase drafter's, so that the drafter's fields are there too;
+    the cost rule's; the statistics') is explained in docs/glossary.md, as are the printed lines' labels."""
+    import re
+    from pathlib import Path
+
+    glossary = (Path(__file__).resolve().parents[1] / "docs" / "glossary.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`([\w]+)`", glossary))
+    doc = gen_json(capsys, pair, PROMPT, "--method", "ouroboros", "--max-new-tokens", "16")
+
+    def keys(obj: dict, path: str = "") -> list[str]:
+        out = []
+        for k, v in obj.items():
+            if k.isdigit() or path.endswith(("_by_source", "histogram", "target", "draft_curve")):
+                continue  # a curve's k, a histogram's bin, a source's name: values, not fields
+            out.append(k)
+            if isinstance(v, dict):
+                out += keys(v, k)
+        return out
+
+    missing = sorted(set(keys(doc)) - named)
+    assert not missing, f"docs/glossary.md does not explain {missing}"
+    for label in ("[cost-aware]", "[profile clock]", "=> break-even:", "why not faster:", "outputs identical:"):
+        assert label in glossary

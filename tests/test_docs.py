@@ -203,3 +203,40 @@ def test_the_checkers_catch_what_they_should(tmp_path):
         ROOT = saved
     assert bad == ["../../shared/x.md", "/etc/x", "../../shared/x.md", "../../shared/reference.md",
                    "../shared/reference.md"], bad
+
+
+PYTHON_BLOCK = re.compile(r"(<!-- not run: [^>]+ -->\n)?```python\n(.*?)^```", re.S | re.M)
+
+
+def python_blocks(text: str) -> list[tuple[str | None, str]]:
+    """Each Python code block of a page: (its ``<!-- not run: REASON -->`` marker or ``None``, its code)."""
+    return [(m.group(1), m.group(2)) for m in PYTHON_BLOCK.finditer(text)]
+
+
+@pytest.mark.parametrize("path", [p for p in FILES if "```python" in p.read_text(encoding="utf-8")],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_python_block_runs_as_a_doctest_or_says_why_not(path, monkeypatch):
+    """A Python block in README.md or docs/ is a doctest (``>>>``), run here from the repository root, or is marked
+    ``<!-- not run: REASON -->`` on the line before it (it needs a model, a server, vLLM, or is a fragment)."""
+    import doctest
+
+    monkeypatch.chdir(ROOT)
+    blocks = python_blocks(path.read_text(encoding="utf-8"))
+    assert blocks
+    globs: dict = {}
+    for marker, code in blocks:
+        if marker is not None:
+            continue
+        assert code.lstrip().startswith(">>>"), f"{path.relative_to(ROOT)}: a Python block that neither runs as a " \
+                                                f"doctest nor says why not:\n{code[:200]}"
+        test = doctest.DocTestParser().get_doctest(code, globs, path.name, str(path), 0)
+        runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+        runner.run(test, clear_globs=False)
+        assert runner.failures == 0, f"{path.relative_to(ROOT)}: a doctest fails (run it to see)"
+        globs = test.globs  # the page's blocks run in order, as a reader types them
+
+
+def test_the_code_block_rule_catches_an_unmarked_block():
+    text = "x\n```python\nimport torch\n```\n\n<!-- not run: needs a model -->\n```python\nDecoder()\n```\n"
+    (first, code), (second, _) = python_blocks(text)
+    assert first is None and not code.lstrip().startswith(">>>") and second == "<!-- not run: needs a model -->\n"

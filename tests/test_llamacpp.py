@@ -169,7 +169,7 @@ def test_sampling_runs_and_is_seeded(dec):
 
 def test_block_verification_runs_on_llamacpp(dec):
     """Block verification through the same loop on llama.cpp's kernels: seeded draws reproducible, other draws than
-    token-level's of the same seed, drafts accepted; greedy output unchanged (exact matching under either rule)."""
+    token-level's of the same seed, drafts accepted; greedy output unchanged (exact matching), block refused there."""
     from pacer.sampling import SamplingConfig
 
     runs = {v: [dec.generate(PROMPTS[0], "sd", max_new_tokens=24, gamma=4,
@@ -179,7 +179,9 @@ def test_block_verification_runs_on_llamacpp(dec):
     assert a.token_ids == b.token_ids and a.stats.accepted_tokens > 0
     assert [r.token_ids for r in runs["block"]] != [r.token_ids for r in runs["token"]]
     ar = dec.generate(PROMPTS[1], "ar", max_new_tokens=20).token_ids
-    assert dec.generate(PROMPTS[1], "sd", max_new_tokens=20, sampling=SamplingConfig(verify="block")).token_ids == ar
+    assert dec.generate(PROMPTS[1], "sd", max_new_tokens=20, sampling=SamplingConfig(verify="token")).token_ids == ar
+    with pytest.raises(PacerError, match="needs sampling"):
+        dec.generate(PROMPTS[1], "sd", max_new_tokens=20, sampling=SamplingConfig(verify="block"))
 
 
 def test_reduced_draft_vocabulary_is_refused(dec):

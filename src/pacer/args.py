@@ -142,7 +142,7 @@ def add_verify_arg(g, help_default: str = "token") -> None:
                    help="how sampling (--temperature > 0) verifies a round's draft: token (token-level rejection "
                         "sampling) or block (block verification, Sun et al. 2025: the draft verified jointly, at "
                         "least as many tokens a round in expectation, the same output distribution); greedy "
-                        f"decoding matches exactly under either (default: {help_default})")
+                        f"decoding matches exactly, so block at temperature 0 is refused (default: {help_default})")
 
 
 def method_options(args: argparse.Namespace) -> dict:

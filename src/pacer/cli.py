@@ -216,6 +216,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     for flag, path in (("--plot", args.plot), ("--export", args.export)):
         if path:
             check_out_file(path, flag)
+    from . import breakeven
     from .calibration import regime
 
     contexts = _contexts(args.contexts)
@@ -223,7 +224,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     cal = dec.calibration(dec.draft_rows(dec.draft_vocab), refresh=True)
     if args.json:
         print(json.dumps({**cal.to_dict(), "regime": regime(cal.costs, dec.target_info.backend,
-                                                              dec.target_info.weights)}, indent=2))
+                                                              dec.target_info.weights),
+                          "break_even": breakeven.describe(cal.costs.draft, cal.costs.target_cost)}, indent=2))
     else:
         c = cal.costs
         print(f"machine: {describe_cpu()}; {dec.threads} threads; torch {cal.key.get('torch')}")
@@ -241,6 +243,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
               if cal.cached else cal.notes[-1] if cal.notes else "not cached")
         print(f"=> {cal.verdict()}")
         print(f"=> {regime(c, dec.target_info.backend, dec.target_info.weights)}")
+        print(f"=> break-even: {breakeven.describe(c.draft, c.target_cost)}")
     if args.plot:
         from .calibration import plot
 

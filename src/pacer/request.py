@@ -133,6 +133,17 @@ class MethodRequest:
         return out
 
 
+def verify_problem(temperature: float, verify: str | None) -> str | None:
+    """Why the verification rule ``verify`` cannot go with ``temperature`` (``None``: it can). The one rule every
+    entry point applies (:class:`GenerationRequest`, hence ``Decoder.generate``, ``pacer generate`` and a served
+    request; ``pacer bench`` for ``--verify`` and each spec's ``verify=``): greedy decoding verifies by exact matching,
+    so block verification at temperature 0 is refused rather than ignored; ``token`` is greedy's own default."""
+    if verify == "block" and temperature == 0:
+        return ("verify (block) needs sampling: greedy decoding (temperature 0) verifies by exact matching under "
+                "either rule; pass a temperature > 0, or leave verify out")
+    return None
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     """One generation's request: a :class:`MethodRequest` with the token budget and the sampling settings, checked
@@ -169,4 +180,6 @@ class GenerationRequest:
             raise InvalidValue(f"max_new_tokens must be >= 1, got {n}")
         if self.sampling is not None and not isinstance(self.sampling, SamplingConfig):
             raise InvalidType(f"sampling must be a pacer.SamplingConfig, got {self.sampling!r}")
+        if self.sampling is not None and (why := verify_problem(self.sampling.temperature, self.sampling.verify)):
+            raise InvalidValue(why)
         self.request.check_sampling(self.sampling)

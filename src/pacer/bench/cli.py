@@ -11,9 +11,10 @@ import shlex
 from pathlib import Path
 
 from .. import backends
-from ..args import add_model_args, add_verify_arg
+from ..args import add_model_args, add_verify_arg, as_flags
 from ..errors import PacerError
 from ..pair import check_threads
+from ..request import verify_problem
 from .run import answers, git, greedy, load_run_decoder, lock, read_meta, report, run, write_meta
 
 DEFAULT_METHODS = ("ar,sd:gamma=4,heuristic,confidence,entropy,oracle,hf-assisted,"
@@ -117,9 +118,8 @@ def _validate(args: argparse.Namespace) -> None:
     if not math.isfinite(args.temperature) or args.temperature < 0:
         raise PacerError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     check_threads(args.threads)  # --quick loads no LoadSpec of its own before its models
-    if args.temperature == 0 and args.verify is not None:
-        raise PacerError(f"--verify {args.verify}: greedy decoding (--temperature 0) verifies by exact matching "
-                         f"under either rule; pass --temperature > 0 to compare the rules")
+    if why := verify_problem(args.temperature, args.verify):
+        raise PacerError(as_flags(why))
 
 
 def load_questions(args: argparse.Namespace):
@@ -285,9 +285,8 @@ def _methods(args: argparse.Namespace) -> tuple[str, list]:
     specs = parse_methods(methods_text, validation)  # errors before anything is loaded or written
     args.threshold_notes = [f"`{s.label}`: θ = {chosen[s.name]['threshold']:g} from {chosen[s.name]['checkpoint']}, "
                        f"chosen by {chosen[s.name]['chosen']}" for s in specs if "threshold=validation" in s.label]
-    if args.temperature == 0 and (named := [s.label for s in specs if s.verify is not None]):
-        raise PacerError(f"{', '.join(named)}: greedy decoding (--temperature 0) verifies by exact matching under "
-                         f"either rule; pass --temperature > 0 to compare the rules")
+    if named := [s.label for s in specs if verify_problem(args.temperature, s.verify)]:
+        raise PacerError(f"{', '.join(named)}: " + as_flags(verify_problem(args.temperature, "block")))
     greedy_only = [s.label for s in specs if s.greedy_only]
     if args.temperature > 0 and greedy_only:
         raise PacerError(f"--temperature {args.temperature}: {', '.join(greedy_only)} decode(s) greedily only (the "

@@ -160,6 +160,7 @@ def validation_thresholds(ckpt: Path, mode: str | None = None) -> dict[str, dict
     if not isinstance(rules, dict) or not rules:
         raise PacerError(f"--validation: {ckpt} records no rule thresholds (a checkpoint trained before pacer train "
                          f"chose them); train one with this pacer and pass it as --validation CKPT")
+    ckpt = shown_path(ckpt)
     out = {k: {**v, **(v.get("by_mode") or {}).get(mode, {}), "checkpoint": str(ckpt)} for k, v in rules.items()}
     if cfg.get("kind") in ("pacer", "specdecpp") and "threshold" in cfg:
         val = cfg.get("train", {})
@@ -170,6 +171,16 @@ def validation_thresholds(ckpt: Path, mode: str | None = None) -> dict[str, dict
                             **(cfg.get("threshold_by_mode") or {}).get(mode, {}), "checkpoint": str(ckpt),
                             "layer": True}
     return out
+
+
+def shown_path(path: Path | str) -> Path:
+    """``path`` relative to the working directory where it lies under it (a report and a method label name the
+    repository's files, never one machine's folders), else as it is."""
+    p = Path(path)
+    try:
+        return p.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        return p
 
 
 def _same_checkpoint(raw: str, path: str, ckpt: str) -> None:

@@ -10,10 +10,10 @@ from .registry import MAX_KEY, MAX_PHRASE, Build, Method, Option, register
 from .rules import THRESHOLD, fixed
 
 #: pacer+ouroboros's siblings, chosen on the 40 development questions (8 kinds, 256 new tokens, greedy; AMD EPYC
-#: Zen 4, transformers bf16; docs/bench/dev40-zen4): against none, the same overall speedup (2.52x against 2.53x
-#: plain decoding, Zen 4 profile clock; 2.33x against 2.34x wall), a better median question (1.08x against 1.06x
-#: pacer) and a better median on 5 of the 8 kinds (writing, coding, math, stem, rag_qa), where none was 0.97-0.98x
-#: pacer on coding and stem
+#: Zen 4, transformers bf16; docs/bench/dev40-zen4, in the repository's history): against none, the same overall
+#: speedup (2.52x against 2.53x plain decoding, Zen 4 profile clock; 2.33x against 2.34x wall), a better median
+#: question (1.08x against 1.06x pacer) and a better median on 5 of the 8 kinds (writing, coding, math, stem,
+#: rag_qa), where none was 0.97-0.98x pacer on coding and stem
 SIBLINGS = 4
 
 #: the largest phrase pool (entries, each a key and its continuation: at most about 100 MB), the most candidate or

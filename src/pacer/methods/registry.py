@@ -249,10 +249,27 @@ def path_options() -> tuple[str, ...]:
     return tuple(o.name for o in all_options() if o.path)
 
 
+#: when to use each method, for the README's table (from the committed reports and cost curves, docs/results.md)
+WHEN = {
+    "ar": "the baseline; what every other method falls back to where no draft pays (llama.cpp on few CPU cores)",
+    "sd": "a fixed-length baseline; with a cheap draft on a flat curve (GPU, PyTorch bf16 on AVX-512 BF16 / AMX)",
+    "heuristic": "comparing with Hugging Face's assisted generation",
+    "confidence": "any pair, no training: llama.cpp's rule, to compare with it",
+    "entropy": "any pair, no training",
+    "cumprob": "any pair, no training: the best training-free rule, within a few percent of the trained layer",
+    "oracle": "measurement only: the ceiling of any length rule (greedy)",
+    "specdecpp": "research comparison (a trained per-token head)",
+    "pacer": "a pair with a trained layer (the default pair ships one), on a flat curve",
+    "ouroboros": "grounded text (summaries, answers over given passages, code edits) without a trained layer",
+    "pacer+ouroboros": "the default pair on a flat curve, chat and code; most on grounded text",
+    "lookup": "no draft model, or one too dear for the machine: rewriting or editing text or code the prompt holds",
+}
+
+
 def table() -> str:
-    """The Markdown table of methods and their options (the README's, checked by a test)."""
-    rows = ["| method | what it is | options |", "|---|---|---|"]
+    """The Markdown table of methods, their options and when to use each (the README's, checked by a test)."""
+    rows = ["| method | what it is | options | when to use |", "|---|---|---|---|"]
     for m in _REGISTRY.values():
         opts = ", ".join(f"`{o.name}`" for o in m.options) or "-"
-        rows.append(f"| `{m.name}` | {m.summary} | {opts} |")
+        rows.append(f"| `{m.name}` | {m.summary} | {opts} | {WHEN.get(m.name, '-')} |")
     return "\n".join(rows)

@@ -110,7 +110,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         request = MethodRequest(args.method, **settings, cost_aware=cfg.pop("cost_aware", cost_aware(args)),
                                 options={**method_options(args), **cfg})
-        GenerationRequest(request, args.max_tokens, SamplingConfig(verify=verify))  # checked before loading
+        # checked before loading; the server's rule is for sampled requests (OpenAI's default temperature, 1.0)
+        GenerationRequest(request, args.max_tokens, SamplingConfig(1.0, verify=verify))
         request.check_files()
     except PacerError as e:
         raise PacerError(as_flags(str(e))) from None

@@ -182,7 +182,8 @@ def parse_request(body: dict, chat: bool, defaults: Defaults, model: str) -> Req
         raise BadRequest("'stream_options.include_usage' must be true or false", param="stream_options")
     ext = dict(_object(body, "pacer", '{"method": ..., options}'))
     try:  # the verification rule is the sampling's (the server's own unless the request chooses)
-        sampling = replace(sampling, verify=ext.pop("verify", defaults.verify))
+        # the server's rule applies where the request samples; one that names block at temperature 0 is refused
+        sampling = replace(sampling, verify=ext.pop("verify", "token" if sampling.greedy else defaults.verify))
     except PacerError as e:
         raise BadRequest(f"pacer.{e}", param="pacer.verify") from None
     for name in path_options():  # files and folders on the server's disk are the server's: never a client's
