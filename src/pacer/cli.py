@@ -327,9 +327,10 @@ def os_problem(e: OSError) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = build_parser()
-    args = ap.parse_args(_join_negative_lists(list(sys.argv[1:] if argv is None else argv)))
     start = time.perf_counter()
     try:
+        # a bounded flag (pacer.bounds.Count) refuses its value while parsing: the same one-line error as below
+        args = ap.parse_args(_join_negative_lists(list(sys.argv[1:] if argv is None else argv)))
         if hasattr(args, "draft_vocab"):
             from .pair import parse_draft_vocab
 

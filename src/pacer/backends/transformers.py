@@ -236,6 +236,16 @@ class TransformersModel(LoadedModel):
         return sum(p.numel() for p in self.model.parameters())
 
 
+def _refused_config() -> tuple[type[BaseException], ...]:
+    """The error types a model config that transformers' validators refuse is raised as (huggingface_hub's strict
+    dataclasses: not a ``ValueError``, its cause is)."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:
+        return ()
+    return (StrictDataclassError,)
+
+
 def _load_folder(path: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, object]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -243,6 +253,9 @@ def _load_folder(path: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, objec
         with no_progress_bars():  # loading a safetensors folder takes seconds; keep stderr for messages
             tok = AutoTokenizer.from_pretrained(str(path))
             model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    except _refused_config() as e:  # e.g. num_hidden_layers 0: the validator's reason is the cause
+        raise PacerError(f"cannot load a model from {path}: its config.json is refused by transformers: "
+                         f"{first_line(e.__cause__ or e)}; fix the config or pass another model") from None
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         raise PacerError(f"cannot load a model from {path}: {first_line(e)}") from e
     model.eval()
