@@ -39,6 +39,11 @@ MAX_WIDTH = 4096
 MAX_QUEUE = 1 << 16
 #: a TCP port
 MAX_PORT = 65535
+#: the longest phrase, n-gram key and candidate a phrase option may ask for (the defaults are 2-16 tokens; the pools
+#: hold an entry per key length and position, each with its continuation, so these sizes bound their memory)
+MAX_PHRASE, MAX_KEY = 64, 16
+#: the largest phrase pool (entries, each a key and its continuation: at most about 100 MB)
+MAX_POOL = 200_000
 
 
 class BoundError(PacerError):

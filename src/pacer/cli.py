@@ -292,7 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print the calibration as JSON")
     c.add_argument("--export", default=None, metavar="FILE.json",
                    help="also measure this machine's cost profile (c_t(k) at several contexts, tree forwards, draft "
-                        "curve, prefill) and write it to FILE (for --costs on any machine)")
+                        "curve, prefill) and write it to FILE (for --costs on any machine; a symbolic link: its "
+                        "target is written)")
     c.add_argument("--contexts", default="32,128,512,2048", help="contexts the profile measures at (--export)")
     c.add_argument("--profile-name", default=None, help="the profile's name (default CPU-BACKEND-DTYPE)")
     c.set_defaults(func=cmd_calibrate)

@@ -63,7 +63,7 @@ from typing import Any
 
 import numpy as np
 
-from ..bounds import Count
+from ..bounds import MAX_KEY, MAX_PHRASE, MAX_POOL, Count
 from ..costs import BadField, Costs, show_value
 from ..decoding.meter import TARGET, Call
 from ..drafters.lookup import KEY_CONFIDENCE
@@ -440,8 +440,7 @@ def _where(name: str) -> str:
 
 
 def _setting_ranges() -> dict[str, Count]:
-    from ..methods.phrase import MAX_POOL
-    from ..methods.registry import MAX_DRAFT, MAX_KEY, MAX_PHRASE
+    from ..methods.registry import MAX_DRAFT
 
     ranges = {"num_speculative_tokens": MAX_DRAFT, "ngram": MAX_PHRASE, "key_len": MAX_KEY, "pool_size": MAX_POOL,
               "max_model_len": MAX_MODEL_LEN, "max_num_seqs": MAX_SEQS, "capacity": 8 * MAX_SEQS,
