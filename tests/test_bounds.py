@@ -190,3 +190,22 @@ def test_a_rejection_sample_method_of_another_json_type_is_one_line(value, capsy
                  "--speculative-config", json.dumps({"rejection_sample_method": value})]) == 2
     err = capsys.readouterr().err
     assert "rejection_sample_method must be one of standard, block" in err and len(err.strip().splitlines()) == 1
+
+
+def test_list_valued_sizes_are_bounded_too(capsys, tmp_path):
+    """``--contexts`` is a list of whole numbers: each is checked as a flag is (a context of 10^9 tokens would be
+    measured)."""
+    assert main(["calibrate", "--contexts", "32,1000000000", "--target", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert "--contexts must be <= 1048576" in err and len(err.strip().splitlines()) == 1, err
+    assert main(["calibrate", "--contexts", "0", "--target", str(tmp_path / "none")]) == 2
+    assert "--contexts must be >= 1" in capsys.readouterr().err
+
+
+def test_the_apis_generation_length_has_the_command_lines_bound():
+    from pacer.bounds import MAX_NEW_TOKENS
+    from pacer.request import GenerationRequest, MethodRequest
+
+    assert GenerationRequest(MethodRequest("sd"), MAX_NEW_TOKENS).max_new_tokens == MAX_NEW_TOKENS
+    with pytest.raises(ValueError, match=f"max_new_tokens must be <= {MAX_NEW_TOKENS}"):
+        GenerationRequest(MethodRequest("sd"), MAX_NEW_TOKENS + 1)

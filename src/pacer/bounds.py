@@ -19,6 +19,8 @@ from .errors import PacerError
 #: the most new tokens a generation, a benchmark turn or a collection prompt may ask for (no model pacer runs has a
 #: longer context)
 MAX_NEW_TOKENS = 1 << 20
+#: the longest context a measurement may ask for (a forward there holds that many cached tokens)
+MAX_CONTEXT = 1 << 20
 #: top-k's largest meaningful value is the vocabulary (the largest vocabularies hold about 262,144 tokens)
 MAX_TOP_K = 1 << 22
 #: the seeds a generator takes (:class:`pacer.sampling.SamplingConfig`)

@@ -257,13 +257,16 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _contexts(text: str) -> tuple[int, ...]:
+    from .bounds import MAX_CONTEXT, Count
+
     try:
         out = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         out = ()
-    if not out or any(c < 1 for c in out):
+    if not out:
         raise PacerError(f"--contexts takes comma-separated token counts >= 1, e.g. 32,512,2048; got '{text}'")
-    return out
+    bound = Count("--contexts", 1, MAX_CONTEXT, "the longest context pacer measures at")
+    return tuple(bound.check(c) for c in out)
 
 
 def build_parser() -> argparse.ArgumentParser:
