@@ -68,3 +68,19 @@ def test_an_own_profile_of_another_pair_is_refused_as_costs_is(pair_facts, tmp_p
         lines = capsys.readouterr().err.strip().splitlines()
         assert "another target model" in lines[-1] and lines[-1].startswith("pacer: error: "), lines
         assert not (out / "answers.jsonl").exists() and not (out / "run.json").exists()
+
+
+def test_a_resume_keeps_the_runs_validation_clock(pair_facts, tmp_path, capsys):
+    """A run priced on a given own profile resumes on it, one on its calibration without one (either change would
+    put two validation clocks in one report)."""
+    path = tmp_path / "own.json"
+    _profile(pair_facts, 0.05).save(path)
+    with_own, without = tmp_path / "with", tmp_path / "without"
+    assert main(_bench(with_own, "--own-profile", str(path))) == 0
+    assert main(_bench(without)) == 0
+    capsys.readouterr()
+    assert main([*_bench(with_own), "--resume"]) == 2
+    assert "was run with --own-profile, this run has none" in capsys.readouterr().err
+    assert main([*_bench(without, "--own-profile", str(path)), "--resume"]) == 2
+    assert "was run on this machine's calibration" in capsys.readouterr().err
+    assert main([*_bench(without), "--resume"]) == 0

@@ -370,6 +370,14 @@ def _check_resumed_decisions(args: argparse.Namespace, previous: dict) -> None:
                          + " (the cost rule decides with it), this run has "
                          + (f"--costs {now}" if now else "none") + "; pass the run's own --costs (its command "
                          "is in run.json) or use another --out")
+    # the validation clock: a run priced on a given own profile resumes on it, one on its calibration without one
+    own_before = bool(previous.get("own_profile_sha256")) or "--own-profile" in shlex.split(previous.get("command")
+                                                                                            or "")
+    if own_before != (args.own is not None) and previous.get("own_clock"):
+        raise PacerError(f"--resume: {out} was run " + ("with --own-profile" if own_before else "on this machine's "
+                         "calibration (no --own-profile)") + ", this run " + ("has none" if own_before else
+                         f"has --own-profile {args.own_profile}") + ": its validation clock would change mid-run; "
+                         "pass the run's own --own-profile (its command is in run.json) or use another --out")
     # the same file may hold other costs by now: the content the run recorded is what must match
     for flag, recorded, profile in (("--costs", (previous.get("profile_clock") or {}).get("sha256"), args.profile),
                                     ("--own-profile", previous.get("own_profile_sha256"), args.own)):
