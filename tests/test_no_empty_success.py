@@ -159,3 +159,13 @@ def test_a_model_config_transformers_refuses_is_one_line(edit, words, tmp_path, 
     lines = err.strip().splitlines()
     assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert "its config.json is refused by transformers" in lines[0] and words in lines[0], err
+
+
+@pytest.mark.parametrize("rounds,words", [(0, "holds no draft token"), (5, "holds 1 prompt\\(s\\): too few")])
+def test_a_collection_too_small_to_train_and_validate_on_is_refused(rounds, words, tmp_path):
+    """Once: 0 rounds was a RuntimeError from inside torch; one prompt (all of it held out) wrote an untrained layer
+    with a threshold chosen on nothing."""
+    data = synthetic_collection(tmp_path / "data", rounds=rounds)  # 5 rounds a prompt
+    with pytest.raises(PacerError, match=words) as e:
+        train(data, tmp_path / "ckpt", "pacer", block=2, epochs=1, log=None, check_seconds=1e-4)
+    assert "\n" not in str(e.value) and not (tmp_path / "ckpt" / "weights.safetensors").exists()

@@ -277,6 +277,8 @@ def load_dataset(folder: Path | str) -> tuple[dict[str, torch.Tensor], dict]:
         except (KeyError, RuntimeError) as e:
             raise PacerError(f"the shards of {f} do not fit together ({e}); collect again into a new --out "
                              f"folder") from None
+        if "accepted" not in datas[-1] or not datas[-1]["accepted"].numel():  # nothing to learn from
+            raise PacerError(f"the collection {f} holds no draft token; collect some (pacer collect --n)")
         manifests.append(manifest)
     first = manifests[0]
     for f, m in zip(folders[1:], manifests[1:], strict=True):

@@ -516,6 +516,10 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
         raise PacerError(f"unknown ablation group(s) {', '.join(unknown)} (known: {', '.join(ABLATION_GROUPS)}, "
                          f"all)")
     tr, va_raw = split(rounds, val_frac, seed)
+    if not len(tr) or not len(va_raw):  # an untrained layer, or a threshold chosen on nothing
+        n = len(torch.unique(rounds.prompt))
+        raise PacerError(f"the collection {data_dir} holds {n} prompt(s): too few to train on some and hold out "
+                         f"--val-frac {val_frac} of them for validation; collect more (pacer collect --n)")
     va = va_raw
     if drop_scalars:
         tr, va = replace(tr, scalars=tr.scalars[..., keep]), replace(va_raw, scalars=va_raw.scalars[..., keep])
