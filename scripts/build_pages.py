@@ -18,7 +18,6 @@ every generated page.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import shlex
@@ -40,9 +39,25 @@ KINDS = (("writing", "category:writing"), ("coding", "category:coding"), ("math"
 
 
 # ------------------------------------------------------------------------------------------------ the reports
+#: the report or profile last read (named by the one-line error of a damaged one, :func:`main`)
+READING: list[Path] = []
+
+
 def summary(report: str) -> dict:
-    """A report's ``summary.json`` (``report``: its folder under docs/bench)."""
-    return json.loads((BENCH / report / "summary.json").read_text(encoding="utf-8"))
+    """A report's ``summary.json`` (``report``: its folder under docs/bench), read by pacer's checked JSON reader: a
+    missing, cut or foreign file is a one-line :class:`pacer.errors.PacerError`."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from pacer.errors import PacerError
+    from pacer.io import read_json
+
+    path = BENCH / report / "summary.json"
+    READING[:] = [path]
+    fix = f"rebuild it (pacer bench --report-only --out {path.parent})"
+    doc = read_json(path, "report summary", fix)
+    if not isinstance(doc, dict) or not isinstance(doc.get("meta"), dict):
+        raise PacerError(f"report summary {path} is not a pacer bench summary (an object with its run's 'meta'); "
+                         f"{fix}")
+    return doc
 
 
 def fmt(x: float | None, unit: str = "x") -> str:
@@ -145,8 +160,11 @@ def answers(report: str) -> list[dict]:
     folder = BENCH / report
     path = folder / "answers.jsonl.gz"
     raw = gzip.open(path, "rt", encoding="utf-8") if path.exists() else open(folder / "answers.jsonl", encoding="utf-8")
+    from pacer.io import loads_json
+
+    READING[:] = [path]
     with raw as f:
-        return [json.loads(line) for line in f if line.strip()]
+        return [loads_json(line, "an answer record", f"rebuild the report {folder}") for line in f if line.strip()]
 
 
 def drafted(rec: dict) -> int:
@@ -205,7 +223,8 @@ def load_profile(path: Path):
     sys.path.insert(0, str(ROOT / "src"))
     from pacer.profiles import Profile
 
-    return Profile.load(path)
+    READING[:] = [path]
+    return Profile.load(path)  # the checked reader: a damaged profile is a one-line PacerError
 
 
 def curve_ratio(path: Path, k: int, context: int) -> float:
@@ -632,9 +651,11 @@ def report_problems(report_md: Path) -> list[str]:
         ok = argv[0] == "python" and (ROOT / argv[1]).is_file()
         return [] if ok else [f"neither pacer bench nor a script in the tree: {command}"]
     folder = report_md.parent
-    s = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    from pacer.io import read_json
+
+    s = read_json(folder / "summary.json", "report summary", f"rebuild it (pacer bench --report-only --out {folder})")
     bad = header_problems(command, s, str(folder.relative_to(ROOT)))
-    run = json.loads((folder / "run.json").read_text(encoding="utf-8"))
+    run = read_json(folder / "run.json", "run record", f"run the report's command again ({folder})")
     if run.get("command") != command:
         bad.append("its run.json records another command")
     return bad
@@ -644,13 +665,25 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="change nothing; exit 1 naming every table that differs")
     args = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT / "src"))
+    from pacer.errors import PacerError
+
     bad = []
-    for page, blocks in PAGES.items():
-        text = page.read_text(encoding="utf-8")
+    try:  # every page is built before any is written: a damaged input changes none
+        built = [(page, page.read_text(encoding="utf-8"), blocks()) for page, blocks in PAGES.items()]
+    except PacerError as e:
+        print(f"build_pages.py: error: {e}", file=sys.stderr)
+        return 2
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, ZeroDivisionError) as e:
+        where = READING[0] if READING else "a report"
+        print(f"build_pages.py: error: {where} lacks what its table reads ({type(e).__name__}: {e}); rebuild it "
+              f"(pacer bench --report-only, pacer calibrate --export) or restore it", file=sys.stderr)
+        return 2
+    for page, text, blocks in built:
         if args.check:
-            bad += differences(page, text, blocks())
+            bad += differences(page, text, blocks)
         else:
-            page.write_text(rebuild(text, blocks(), page.name), encoding="utf-8")
+            page.write_text(rebuild(text, blocks, page.name), encoding="utf-8")
     for b in bad:
         print(b)
     return 1 if bad else 0

@@ -171,11 +171,29 @@ def differences(old: dict, new: dict) -> list[str]:
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
             for f in x:
                 if x[f] != y.get(f):
-                    at = next((j for j, (u, v) in enumerate(zip(x[f], y[f], strict=False)) if u != v),
-                              min(len(x[f]), len(y[f]))) if isinstance(x[f], list) else 0
+                    u_, v_ = x[f], y.get(f)
+                    at = next((j for j, (u, v) in enumerate(zip(u_, v_, strict=False)) if u != v),
+                              min(len(u_), len(v_))) if isinstance(u_, list) and isinstance(v_, list) else 0
                     lines.append(f"{key} prompt {i}: {f} differs at {at}")
                     break
     return lines
+
+
+def read_record(path: Path) -> dict:
+    """A decisions record written by ``--write``, read by pacer's checked JSON reader and checked for its shape (an
+    object of lists of generation records, each an object): a missing, cut or foreign file is a one-line
+    :class:`pacer.errors.PacerError`."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from pacer.errors import PacerError
+    from pacer.io import read_json
+
+    fix = "write it again (python scripts/decisions.py SET --write FILE)"
+    doc = read_json(path, "decisions record", fix)
+    if not isinstance(doc, dict) or not all(isinstance(v, list) and all(isinstance(x, dict) for x in v)
+                                            for v in doc.values()):
+        raise PacerError(f"decisions record {path} is not a record of this script (an object of lists of "
+                         f"generation records); {fix}")
+    return doc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,6 +203,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write", type=Path, help="write the record here")
     ap.add_argument("--compare", type=Path, help="compare with this record; exit 1 where they differ")
     a = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT / "src"))
+    from pacer.errors import PacerError
+    from pacer.io import check_out_file
+
+    try:  # the inputs are checked before the (minutes-long) run, as pacer's commands check theirs
+        old = read_record(a.compare) if a.compare else None
+        if a.write:
+            check_out_file(a.write, "--write")
+    except PacerError as e:
+        print(f"decisions.py: error: {e}", file=sys.stderr)
+        return 2
     import torch
 
     torch.set_num_threads(1 if a.set == "tiny" else torch.get_num_threads())
@@ -193,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         a.write.parent.mkdir(parents=True, exist_ok=True)
         a.write.write_text(json.dumps(rec, separators=(",", ":"), sort_keys=True) + "\n")
     if a.compare:
-        diff = differences(json.loads(a.compare.read_text()), rec)
+        diff = differences(old, rec)
         print("\n".join(diff) or f"decisions unchanged ({len(rec)} entries)")
         return 1 if diff else 0
     return 0

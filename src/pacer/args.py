@@ -10,6 +10,7 @@ import re
 from typing import TYPE_CHECKING
 
 from . import backends, methods
+from .bounds import MAX_NEW_TOKENS, MAX_SEED, MAX_THREADS, MAX_TOP_K, MIN_SEED, Count
 
 if TYPE_CHECKING:
     from .api import Decoder
@@ -29,7 +30,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float16"],
                    help="weights dtype of the transformers backend; auto (default): bfloat16 on CUDA, on a CPU the "
                         "faster of bfloat16 and float32 as measured here (AVX2-only CPUs have no bf16 kernels)")
-    g.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
+    g.add_argument("--threads", type=Count("--threads", 1, MAX_THREADS), default=None,
+                   help="intra-op threads (default: all cores)")
     g.add_argument("--device", default="auto", metavar="{auto,cpu,cuda}",
                    help="where the transformers backend runs: auto (default: CUDA when available, else the CPU), "
                         "cpu or cuda (cuda:N); llama.cpp runs on the CPU in this build")
@@ -112,7 +114,7 @@ def add_method_args(p: argparse.ArgumentParser, default: str = methods.DEFAULT_M
     for o in methods.COMMON:
         if o.type is bool:
             continue  # --cost-aware below takes auto/on/off
-        g.add_argument(o.cli_flag, type=int, default=None, help=o.help)
+        g.add_argument(o.cli_flag, type=Count.of(o), default=None, help=o.help)
     g.add_argument("--cost-aware", choices=["auto", "on", "off"], default="auto",
                    help="draft a token only where it pays on this machine's measured costs (auto: unless --gamma "
                         "or --threshold is given)")
@@ -124,11 +126,11 @@ def add_method_args(p: argparse.ArgumentParser, default: str = methods.DEFAULT_M
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
     add_method_args(p)
     g = p.add_argument_group("decoding")
-    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--max-new-tokens", type=Count("--max-new-tokens", 1, MAX_NEW_TOKENS), default=128)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-k", type=Count("--top-k", 0, MAX_TOP_K), default=0)
     g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=Count("--seed", MIN_SEED, MAX_SEED), default=0)
     add_verify_arg(g)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the target's chat template")

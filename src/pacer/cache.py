@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .errors import PacerError
-from .io import TMP_SUFFIX, BadJson, atomic_write_text, read_json
+from .io import TMP_SUFFIX, BadJson, atomic_write_text, read_json, resolve_path
 
 
 def pacer_home() -> Path:
@@ -51,6 +51,7 @@ def pacer_home() -> Path:
     if home.parts and home.parts[0].startswith("~"):
         raise PacerError(f"PACER_HOME={text} names the home of an unknown user ({home.parts[0]}); set PACER_HOME to "
                          f"an absolute path")
+    resolve_path(home, "PACER_HOME")  # a loop of symbolic links: one line here, not wherever it is first used
     return home.absolute()
 
 
@@ -173,7 +174,7 @@ def file_sha256(path: Path, home: Path | None = None) -> str:
     """sha256 of a file, remembered under ``$PACER_HOME/hashes`` by path, size and modification time (a changed
     file is hashed again; an entry that cannot be trusted is ignored)."""
     store = Store("hashes", "pacer-hashes/1", home=home, name=_path_name)
-    key, now = {"path": str(path.resolve())}, stamp(path)
+    key, now = {"path": str(resolve_path(path, "the model file"))}, stamp(path)
     doc, _ = store.get(key)
     if doc is not None and {k: doc.get(k) for k in now} == now and isinstance(doc.get("sha256"), str):
         return doc["sha256"]
@@ -455,7 +456,7 @@ def sweep_stale(home: Path | None = None) -> int:
     can take that lock exclusively (no other pacer process is alive, so none of the temporaries is live)."""
     import fcntl
 
-    home = (home or pacer_home()).resolve()
+    home = resolve_path(home or pacer_home(), "PACER_HOME" if home is None else "the cache folder")
     if home not in _HOME_LOCKS:
         try:
             home.mkdir(parents=True, exist_ok=True)

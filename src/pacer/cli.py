@@ -267,13 +267,16 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _contexts(text: str) -> tuple[int, ...]:
+    from .bounds import MAX_CONTEXT, Count
+
     try:
         out = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         out = ()
-    if not out or any(c < 1 for c in out):
+    if not out:
         raise PacerError(f"--contexts takes comma-separated token counts >= 1, e.g. 32,512,2048; got '{text}'")
-    return out
+    bound = Count("--contexts", 1, MAX_CONTEXT, "the longest context pacer measures at")
+    return tuple(bound.check(c) for c in out)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -302,7 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print the calibration as JSON")
     c.add_argument("--export", default=None, metavar="FILE.json",
                    help="also measure this machine's cost profile (c_t(k) at several contexts, tree forwards, draft "
-                        "curve, prefill) and write it to FILE (for --costs on any machine)")
+                        "curve, prefill) and write it to FILE (for --costs on any machine; a symbolic link: its "
+                        "target is written)")
     c.add_argument("--contexts", default="32,128,512,2048", help="contexts the profile measures at (--export)")
     c.add_argument("--profile-name", default=None, help="the profile's name (default CPU-BACKEND-DTYPE)")
     c.set_defaults(func=cmd_calibrate)
@@ -337,9 +341,10 @@ def os_problem(e: OSError) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = build_parser()
-    args = ap.parse_args(_join_negative_lists(list(sys.argv[1:] if argv is None else argv)))
     start = time.perf_counter()
     try:
+        # a bounded flag (pacer.bounds.Count) refuses its value while parsing: the same one-line error as below
+        args = ap.parse_args(_join_negative_lists(list(sys.argv[1:] if argv is None else argv)))
         if hasattr(args, "draft_vocab"):
             from .pair import parse_draft_vocab
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
+from errno import ELOOP
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +65,33 @@ def _json_reason(text: str | bytes, max_bytes: int, max_depth: int) -> tuple[Any
         return None, f"a number pacer cannot read ({str(e).split(';')[0]})"
     if _depth_over(doc, max_depth):
         return None, f"nested deeper than {max_depth} levels, the most pacer reads"
+    if _SURROGATE_ESCAPE.search(text) and (bad := _lone_surrogate(doc)) is not None:
+        return None, f"a string holds {bad!a}, a lone surrogate (an escape that is not Unicode text)"
     return doc, ""
+
+
+#: a JSON escape of a UTF-16 surrogate (U+D800..U+DFFF): the only way a document that is UTF-8 holds one
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _lone_surrogate(doc: Any) -> str | None:
+    """The first surrogate character left alone in a string or key of ``doc`` (a pair of escapes makes one
+    character and is fine), else ``None``: such a string cannot be written as UTF-8 (a tokenizer, a terminal or a
+    JSON answer would fail on it)."""
+    stack = [doc]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, str):
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError as e:
+                return node[e.start]
+    return None
 
 
 def _said(problem: str, fix: str) -> str:
@@ -114,9 +142,25 @@ def read_json(path: str | Path, what: str, fix: str, *, max_bytes: int = MAX_JSO
     return doc
 
 
+def resolve_path(path: str | Path, what: str = "the path") -> Path:
+    """``path`` absolute, with ``~`` expanded and every symbolic link followed: where the file or folder really is.
+    The one place pacer resolves a path: a loop of symbolic links (which ``Path.resolve`` raises as a
+    ``RuntimeError`` or an ``OSError``) is a one-line :class:`~pacer.errors.PacerError` naming ``what`` (the flag or
+    setting)."""
+    try:
+        return Path(path).expanduser().resolve()
+    except (RuntimeError, OSError) as e:
+        reason = "a loop of symbolic links" if isinstance(e, RuntimeError) or getattr(e, "errno", None) == ELOOP \
+            else (getattr(e, "strerror", None) or str(e))
+        raise PacerError(f"{what} {path} cannot be resolved ({reason}); pass a path that leads to a file or "
+                         f"folder") from None
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same folder and an atomic rename."""
-    path = Path(path)
+    """Write ``data`` to ``path`` via a temporary file in the same folder and an atomic rename. A ``path`` that is a
+    symbolic link is written through: its target gets the new content and the link stays (a rename over the link
+    would replace it with a file, and whatever else reads the target would never see the write)."""
+    path = resolve_path(path, "the file") if Path(path).is_symlink() else Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
     try:
@@ -158,6 +202,7 @@ def check_out_dir(path: str | Path, what: str = "--out") -> Path:
     probe file is written and removed in it or, while it does not exist, its nearest existing parent). A one-line
     :class:`~pacer.errors.PacerError` naming ``what`` (the flag or setting) otherwise; returns the path."""
     p = Path(path).expanduser()
+    resolve_path(p, what)  # a symlink loop: said here, not as a write that fails later
     if p.exists() and not p.is_dir():
         raise PacerError(f"{what} {path} is an existing file, not a folder; pass a folder (new or made by pacer)")
     _probe(p, what, str(path))
@@ -169,6 +214,7 @@ def check_out_file(path: str | Path, what: str = "--out") -> Path:
     writable (probed as in :func:`check_out_dir`). A one-line :class:`~pacer.errors.PacerError` naming ``what``
     otherwise; returns the path."""
     p = Path(path).expanduser()
+    resolve_path(p, what)  # a symlink loop: said here, not as a write that fails later
     if p.is_dir():
         raise PacerError(f"{what} {path} is an existing folder, not a file; pass a file name")
     if not p.name:

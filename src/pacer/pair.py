@@ -27,7 +27,7 @@ from . import backends, devices, models
 from .decoding import ModelBackend
 from .decoding.meter import DRAFT, TARGET, metered
 from .errors import ContextError, InvalidType, InvalidValue, PacerError
-from .prompt import check_history, check_prompt_ids, check_stop
+from .prompt import check_history, check_prompt_ids, check_stop, check_text
 
 END_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>")
 
@@ -89,6 +89,7 @@ class Pair:
         else:
             if not prompt.strip():
                 raise PacerError("the prompt is empty; pass some text")
+            check_text(prompt)
             if self.tokenizer is None:
                 raise PacerError("this model pair has no tokenizer; pass token ids instead of text")
             if chat:

@@ -26,10 +26,23 @@ def check_stop(stop: str | Iterable[str] | None) -> list[str]:
     for s in stop:
         if not isinstance(s, str):
             raise InvalidType(f"stop must be a string or a list of strings, got {s!r} among them")
+        check_text(s, "a stop string")
         if not s:
             raise InvalidValue("stop strings must not be empty (an empty one would stop before the first token); "
                                "leave it out")
     return stop
+
+
+def check_text(text: str, what: str = "the prompt") -> str:
+    """``text`` when it is Unicode text a tokenizer can encode: a lone surrogate (JSON's ``"\\ud800"``, or a byte
+    that is not UTF-8 in a command-line argument, which Python keeps as one) cannot be written as UTF-8, and a
+    tokenizer refuses it with a ``TypeError``; :class:`~pacer.errors.InvalidValue` naming ``what`` instead."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidValue(f"{what} is not valid Unicode text: the character {text[e.start]!a} at position {e.start} "
+                           f"(a lone surrogate) cannot be encoded; send UTF-8 text") from None
+    return text
 
 
 def check_prompt_ids(prompt: Iterable[int], vocab: int) -> list[int]:
@@ -61,5 +74,7 @@ def check_history(history: Iterable[Mapping]) -> list[dict]:
     for m in history:
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise InvalidType(f"each history message needs a string 'role' and a string 'content', got {m!r}")
+        check_text(m["role"], "a history message's role")
+        check_text(m["content"], "a history message's content")
         out.append(dict(m))
     return out

@@ -178,6 +178,10 @@ class GenerationRequest:
             raise InvalidType(f"max_new_tokens must be an integer >= 1, got {n!r}")
         if n <= 0:
             raise InvalidValue(f"max_new_tokens must be >= 1, got {n}")
+        from .bounds import MAX_NEW_TOKENS
+
+        if n > MAX_NEW_TOKENS:  # the command line's bound (pacer.bounds), for every entry point
+            raise InvalidValue(f"max_new_tokens must be <= {MAX_NEW_TOKENS} (the most pacer takes), got {n}")
         if self.sampling is not None and not isinstance(self.sampling, SamplingConfig):
             raise InvalidType(f"sampling must be a pacer.SamplingConfig, got {self.sampling!r}")
         if self.sampling is not None and (why := verify_problem(self.sampling.temperature, self.sampling.verify)):

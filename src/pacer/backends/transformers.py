@@ -236,15 +236,59 @@ class TransformersModel(LoadedModel):
         return sum(p.numel() for p in self.model.parameters())
 
 
+def _refused_config() -> tuple[type[BaseException], ...]:
+    """The error types a model config that transformers' validators refuse is raised as (huggingface_hub's strict
+    dataclasses: not a ``ValueError``, its cause is)."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:
+        return ()
+    return (StrictDataclassError,)
+
+
+#: the sizes of a model config that must be whole numbers >= 1 where given (0 divides by zero or builds an empty
+#: embedding inside transformers)
+CONFIG_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "intermediate_size", "head_dim", "max_position_embeddings")
+
+
+def check_config_sizes(path: Path) -> None:
+    """A model folder's ``config.json`` sizes (:data:`CONFIG_SIZES`, at its top and in a ``text_config``) checked
+    before transformers builds the model: one line naming the field, not an error from inside the model's code."""
+    from ..io import BadJson, read_json
+
+    try:
+        cfg = read_json(path / "config.json", "the model's config", "fix it or pass another model")
+    except BadJson as e:
+        if e.reason == "missing":
+            return  # transformers says what is missing
+        raise PacerError(f"cannot load a model from {path}: {e}") from None
+    for part in (cfg, cfg.get("text_config") if isinstance(cfg, dict) else None):
+        if not isinstance(part, dict):
+            continue
+        for name in CONFIG_SIZES:
+            v = part.get(name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise PacerError(f"cannot load a model from {path}: its config.json's {name} is {v!r}, not a whole "
+                                 f"number >= 1; fix the config or pass another model")
+
+
 def _load_folder(path: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, object]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    check_config_sizes(path)
     try:
         with no_progress_bars():  # loading a safetensors folder takes seconds; keep stderr for messages
             tok = AutoTokenizer.from_pretrained(str(path))
             model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    except _refused_config() as e:  # e.g. num_hidden_layers 0: the validator's reason is the cause
+        raise PacerError(f"cannot load a model from {path}: its config.json is refused by transformers: "
+                         f"{first_line(e.__cause__ or e)}; fix the config or pass another model") from None
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         raise PacerError(f"cannot load a model from {path}: {first_line(e)}") from e
+    except (ArithmeticError, AssertionError, IndexError) as e:  # a config whose numbers build no model
+        raise PacerError(f"cannot load a model from {path}: its config.json builds no model ({type(e).__name__}: "
+                         f"{first_line(e)}); fix the config or pass another model") from None
     model.eval()
     return model, tok
 

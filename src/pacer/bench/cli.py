@@ -12,7 +12,9 @@ from pathlib import Path
 
 from .. import backends
 from ..args import add_model_args, add_verify_arg, as_flags
+from ..bounds import MAX_NEW_TOKENS, MAX_PROMPTS, MAX_REPEATS, MAX_SEED, MIN_SEED, Count
 from ..errors import PacerError
+from ..io import resolve_path
 from ..pair import check_threads
 from ..request import verify_problem
 from .run import answers, git, greedy, load_run_decoder, lock, read_meta, report, run, write_meta
@@ -46,16 +48,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--dataset", default=None,
                      help="packaged set(s), comma-separated: humaneval, gsm8k, mtbench, sharegpt (held-out split), "
                           "dev (the development set: 48 questions of 8 kinds; use --n 48 for all)")
-    p.add_argument("--n", type=int, default=None, help="questions per dataset (default 10; --quick: all 4)")
+    p.add_argument("--n", type=Count("--n", 1, MAX_PROMPTS), default=None,
+                   help="questions per dataset (default 10; --quick: all 4)")
     p.add_argument("--select", default="stratified", choices=["stratified", "first", "random"],
                    help="question selection (stratified: round-robin over categories in file order)")
-    p.add_argument("--select-seed", type=int, default=0, help="seed of --select random")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="per turn (default 128; --quick: 24)")
-    p.add_argument("--repeats", type=int, default=1, help="passes over all questions (spread of the speedup)")
+    p.add_argument("--select-seed", type=Count("--select-seed", MIN_SEED, MAX_SEED), default=0,
+                   help="seed of --select random")
+    p.add_argument("--max-new-tokens", type=Count("--max-new-tokens", 1, MAX_NEW_TOKENS), default=None,
+                   help="per turn (default 128; --quick: 24)")
+    p.add_argument("--repeats", type=Count("--repeats", 1, MAX_REPEATS), default=1,
+                   help="passes over all questions (spread of the speedup)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="0 (default): greedy, every output checked against ar's token by token; > 0: sampling, "
                         "each turn a seeded draw (the same seed for every method), not compared token by token")
-    p.add_argument("--seed", type=int, default=0, help="base seed of --temperature > 0 (per question/repeat/turn)")
+    p.add_argument("--seed", type=Count("--seed", MIN_SEED, MAX_SEED), default=0,
+                   help="base seed of --temperature > 0 (per question/repeat/turn)")
     add_verify_arg(p, "token; a method spec's verify=token|block chooses its own, so both rules run interleaved "
                       "in one bench, e.g. --methods ar,sd,sd:verify=block")
     p.add_argument("--out", type=Path, required=True, help="output folder")
@@ -156,7 +163,7 @@ def reprice(run: Path, costs: Path | None, out: Path) -> int:
 
     if costs is None:
         raise PacerError("--reprice needs --costs PROFILE.json: the profile to price the run's forwards with")
-    if out.resolve() == run.resolve():
+    if resolve_path(out, "--out") == resolve_path(run, "--reprice"):
         raise PacerError("--reprice writes a new run folder: pass another --out than the run it reprices")
     check_out_dir(out)
     if out.exists() and any(out.iterdir()):
@@ -244,7 +251,7 @@ def export_specbench(out: Path, folder: Path) -> int:
     from .specbench import export
 
     check_out_dir(folder, "--export-specbench")  # before anything is read or written
-    if folder.resolve() == out.resolve():
+    if resolve_path(folder, "--export-specbench") == resolve_path(out, "--out"):
         raise PacerError("--export-specbench writes Spec-Bench's files beside the run's own: pass another folder "
                          "than --out")
     if not (out / "answers.jsonl").exists():
@@ -362,6 +369,22 @@ def _check_resumed_decisions(args: argparse.Namespace, previous: dict) -> None:
                          + " (the cost rule decides with it), this run has "
                          + (f"--costs {now}" if now else "none") + "; pass the run's own --costs (its command "
                          "is in run.json) or use another --out")
+    # the validation clock: a run priced on a given own profile resumes on it, one on its calibration without one
+    own_before = bool(previous.get("own_profile_sha256")) or "--own-profile" in shlex.split(previous.get("command")
+                                                                                            or "")
+    if own_before != (args.own is not None) and previous.get("own_clock"):
+        raise PacerError(f"--resume: {out} was run " + ("with --own-profile" if own_before else "on this machine's "
+                         "calibration (no --own-profile)") + ", this run " + ("has none" if own_before else
+                         f"has --own-profile {args.own_profile}") + ": its validation clock would change mid-run; "
+                         "pass the run's own --own-profile (its command is in run.json) or use another --out")
+    # the same file may hold other costs by now: the content the run recorded is what must match
+    for flag, recorded, profile in (("--costs", (previous.get("profile_clock") or {}).get("sha256"), args.profile),
+                                    ("--own-profile", previous.get("own_profile_sha256"), args.own)):
+        if recorded and profile is not None and profile.digest() != recorded:
+            raise PacerError(f"--resume: {flag} {getattr(args, flag[2:].replace('-', '_'))} holds other costs than "
+                             f"the run {out} was made with (its sha256 {profile.digest()[:12]}... is not run.json's "
+                             f"{str(recorded)[:12]}...): one report would mix two cost sets; restore the run's "
+                             f"profile or use another --out")
 
     def by_label(notes: list[str] | None) -> dict[str, str]:
         return {n.split("`")[1]: n for n in notes or [] if n.count("`") >= 2}

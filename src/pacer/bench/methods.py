@@ -24,6 +24,7 @@ from pathlib import Path
 
 from .. import methods
 from ..errors import PacerError
+from ..io import resolve_path
 from ..request import SETTINGS, MethodRequest
 from ..sampling import VERIFY_RULES, SamplingConfig
 from .peer import PEER
@@ -186,7 +187,7 @@ def shown_path(path: Path | str) -> Path:
 def _same_checkpoint(raw: str, path: str, ckpt: str) -> None:
     """``pacer:threshold=validation`` runs the threshold chosen for the checkpoint ``--validation`` names, so the
     method must load that checkpoint."""
-    if Path(path).resolve() != Path(ckpt).resolve():
+    if resolve_path(path, "checkpoint") != resolve_path(ckpt, "--validation"):
         raise PacerError(f"method '{raw}': the validation threshold is {ckpt}'s own, but the method loads {path}; "
                          f"pass path={ckpt} or --validation {path}")
 

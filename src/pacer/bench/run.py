@@ -355,6 +355,12 @@ def _clocks(args: argparse.Namespace, dec, meta: dict, profile_notes: list[str])
         from ..calibration import load_or_measure
         from ..profiles import Profile
 
+        if args.own is not None:  # the validation clock prices this pair's forwards: the same check as --costs
+            from ..profiles import pair_of
+
+            for note in args.own.check_pair(*pair_of(dec.pair, dec.draft_rows(dec.draft_vocab))):
+                print(f"pacer bench: note: --own-profile: {note}", file=sys.stderr)
+            meta["own_profile_sha256"] = args.own.digest()
         own = args.own or Profile.from_calibration(load_or_measure(dec.pair, dec.draft_rows(dec.draft_vocab)),
                                                    "this machine's calibration")
         clocks["own"] = own

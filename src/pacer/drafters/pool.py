@@ -29,6 +29,7 @@ import weakref
 from collections import Counter, OrderedDict
 from pathlib import Path
 
+from ..bounds import MAX_KEY, MAX_PHRASE, MAX_POOL
 from ..errors import PacerError
 from ..io import atomic_write_text, read_json
 from ..pricing import Pricer
@@ -44,6 +45,9 @@ class PhrasePool:
         if ngram < 1 or capacity < 1 or key_len < 1:
             raise PacerError(f"phrase pool needs ngram, pool size and key length >= 1 "
                              f"(got {ngram}, {capacity}, {key_len})")
+        if ngram > MAX_PHRASE or capacity > MAX_POOL or key_len > MAX_KEY:  # each entry holds a continuation
+            raise PacerError(f"phrase pool takes ngram <= {MAX_PHRASE}, pool size <= {MAX_POOL} and key length <= "
+                             f"{MAX_KEY} (the most pacer takes), got {ngram}, {capacity}, {key_len}")
         self.ngram, self.capacity, self.key_len = ngram, capacity, key_len
         #: (key, continuation) -> [source, generation that last added it]; order = recency (last = newest)
         self.entries: OrderedDict[tuple[Key, Key], list] = OrderedDict()

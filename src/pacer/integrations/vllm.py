@@ -63,6 +63,7 @@ from typing import Any
 
 import numpy as np
 
+from ..bounds import MAX_KEY, MAX_PHRASE, MAX_POOL, Count
 from ..costs import BadField, Costs, show_value
 from ..decoding.meter import TARGET, Call
 from ..drafters.lookup import KEY_CONFIDENCE
@@ -438,13 +439,26 @@ def _where(name: str) -> str:
     return SETTING_WHERE.get(name, f"additional_config['pacer'][{name!r}]")
 
 
+def _setting_ranges() -> dict[str, Count]:
+    from ..methods.registry import MAX_DRAFT
+
+    ranges = {"num_speculative_tokens": MAX_DRAFT, "ngram": MAX_PHRASE, "key_len": MAX_KEY, "pool_size": MAX_POOL,
+              "max_model_len": MAX_MODEL_LEN, "max_num_seqs": MAX_SEQS, "capacity": 8 * MAX_SEQS,
+              "max_idle": MAX_IDLE}
+    return {name: Count(f"pacer vLLM setting {name}", 1, top) for name, top in ranges.items()}
+
+
+#: the longest model length and the most sequences of a batch the proposer plans for (its row states are bounded by
+#: them), and the most steps a row state is kept unseen
+MAX_MODEL_LEN, MAX_SEQS, MAX_IDLE = 1 << 24, 1 << 16, 1 << 20
+
+
 def setting_count(name: str, value: Any) -> int:
-    """A whole-number setting of the proposer, checked where it is set: an integer >= 1 (not a string, a float or
-    a boolean: ``int()`` would take ``"8"``, truncate ``3.7`` and read ``True`` as 1)."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise PacerError(f"pacer vLLM setting {name} is {show_value(value)}: it takes an integer >= 1; set "
-                         f"{_where(name)}")
-    return int(value)
+    """A whole-number setting of the proposer, checked where it is set: an integer (not a string, a float or a
+    boolean: ``int()`` would take ``"8"``, truncate ``3.7`` and read ``True`` as 1) from 1 to the setting's maximum
+    (:func:`_setting_ranges`: a phrase length, a pool size or a row count allocates by it)."""
+    bound = _setting_ranges().get(name) or Count(f"pacer vLLM setting {name}", 1, MAX_IDLE)
+    return bound.check(int(value) if isinstance(value, np.integer) else value, _where(name))
 
 
 def setting_log(value: Any) -> Path | None:

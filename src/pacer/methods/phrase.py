@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from ..bounds import MAX_POOL  # (re-exported here)
 from ..drafters.phrase import PhraseDrafter, PhraseOptions
 from ..drafters.pool import check_pool_file
 from .learned import BLOCK, PATH, learned
@@ -16,9 +17,9 @@ from .rules import THRESHOLD, fixed
 #: rag_qa), where none was 0.97-0.98x pacer on coding and stem
 SIBLINGS = 4
 
-#: the largest phrase pool (entries, each a key and its continuation: at most about 100 MB), the most candidate or
-#: sibling branches of a round, and the largest tree one verification may score
-MAX_POOL, MAX_BRANCHES, MAX_TREE = 200_000, 16, 1024
+#: the most candidate or sibling branches of a round, and the largest tree one verification may score (the largest
+#: phrase pool: :data:`pacer.bounds.MAX_POOL`)
+MAX_BRANCHES, MAX_TREE = 16, 1024
 
 PHRASE_OPTIONS = (
     Option("ngram", int, "ouroboros / lookup: phrase length (default 6 / 8)", to="drafter", minimum=1,
@@ -33,7 +34,8 @@ PHRASE_OPTIONS = (
            maximum=MAX_KEY),
     Option("sources", str, "ouroboros: phrase sources, a subset of prompt,output,verify,lookahead", to="drafter"),
     Option("warm_start", bool, "ouroboros: share the pool across generations (default true)", to="drafter"),
-    Option("pool_file", str, "ouroboros: load the pool from / save it to this file", to="drafter",
+    Option("pool_file", str, "ouroboros: load the pool from / save it to this file (a symbolic link: its target "
+           "is updated)", to="drafter",
            path=True, preflight=check_pool_file),
     Option("phrases", bool, "ouroboros: draft phrase by phrase (false: token by token, candidates only)",
            to="drafter"),

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..bounds import MAX_KEY, MAX_PHRASE  # noqa: F401 - re-exported: the phrase options' bounds (pacer.bounds)
 from ..errors import InvalidType, InvalidValue, PacerError
 from ..pair import check_draft_vocab, parse_draft_vocab
 
@@ -164,9 +165,6 @@ class Method:
 #: the most draft tokens of one round any setting may ask for (the measured best lengths are 4-16; a round of more
 #: costs that many draft forwards and one verification of them all)
 MAX_DRAFT = 256
-#: the longest phrase, n-gram key and candidate a phrase option may ask for (the defaults are 2-16 tokens; the pools
-#: hold an entry per key length and position, each with its continuation, so these sizes bound their memory)
-MAX_PHRASE, MAX_KEY = 64, 16
 
 #: the draft-length bounds and switches every drafting method takes (``Decoder.generate`` arguments)
 COMMON = (

@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import load_file
 
 from .. import native
+from ..bounds import non_finite
 from ..costs import BadField, Costs, read_count, read_seconds, show_value
 from ..errors import PacerError
 from ..preverify.features import (
@@ -199,6 +200,9 @@ def load_checkpoint(path: Path | str, draft_fingerprint: str | None = None, draf
         tensors = load_file(str(w_path))
     except Exception as e:  # safetensors raises several types on a damaged file
         raise PacerError(f"checkpoint weights {w_path} cannot be read ({e}); retrain or restore them") from e
+    if (bad := non_finite(tensors)) is not None:  # NaN scores would stop or go on silently
+        raise PacerError(f"checkpoint {path} holds non-finite weights ({bad}: NaN or infinite); retrain it (pacer "
+                         f"train) from a sound collection")
     S = len(spec.scalar_names)
     if kind == "pacer":
         model = PreVerifier(spec.input_dim, S, cfg["block"], cfg["d"], max_draft=spec.max_draft,

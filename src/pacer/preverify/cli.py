@@ -8,9 +8,11 @@ from pathlib import Path
 
 from .. import backends
 from ..args import add_model_args
+from ..bounds import MAX_EPOCHS, MAX_NEW_TOKENS, MAX_PROMPTS, MAX_SEED, MAX_SHARD, MAX_WIDTH, MIN_SEED, Count
 from ..costs import Costs
 from ..errors import PacerError
 from ..io import check_out_dir, check_out_file
+from ..methods.registry import MAX_DRAFT
 
 
 def measure_costs(dec) -> Costs:
@@ -84,6 +86,9 @@ def cmd_collect(args) -> int:
                          f"pass --layers {','.join(map(str, offered))}")
     manifest = collect(dec, Path(args.out), args.n, args.max_new_tokens, spec, args.seed, args.shard_size,
                        args.skip, temperatures=args.temperatures)
+    if not manifest["tokens"]:  # every prompt ended before its first round: nothing to train on is no success
+        raise PacerError(f"pacer collect recorded no draft token from {manifest['prompts_done']} prompt(s) into "
+                         f"{args.out}; nothing to train on (raise --max-new-tokens or choose other prompts)")
     if "costs" not in manifest:
         from ..io import atomic_write_text
 
@@ -137,17 +142,18 @@ def cmd_tune(args) -> int:
 def register(sub) -> None:
     c = sub.add_parser("collect", help="record draft features + target verdicts on a held-out code/math/chat mix")
     c.add_argument("--out", required=True, help="output folder (resumable)")
-    c.add_argument("--n", type=int, default=300, help="number of prompts")
-    c.add_argument("--max-new-tokens", type=int, default=48)
-    c.add_argument("--max-draft", type=int, default=16, help="draft tokens per round while collecting")
+    c.add_argument("--n", type=Count("--n", 1, MAX_PROMPTS), default=300, help="number of prompts")
+    c.add_argument("--max-new-tokens", type=Count("--max-new-tokens", 1, MAX_NEW_TOKENS), default=48)
+    c.add_argument("--max-draft", type=Count("--max-draft", 1, MAX_DRAFT), default=16,
+                   help="draft tokens per round while collecting")
     c.add_argument("--layers", type=_layers, default=None,
                    help="draft hidden-state layers, e.g. -13,-1 (default: -13,-1; -1 on the llamacpp backend)")
     c.add_argument("--target-hidden", action="store_true",
                    help="also record the target's final hidden state at each round's start (the previous "
                         "verification's bonus position), once per round")
-    c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--shard-size", type=int, default=4, help="prompts per shard")
-    c.add_argument("--skip", type=int, default=0,
+    c.add_argument("--seed", type=Count("--seed", MIN_SEED, MAX_SEED), default=0)
+    c.add_argument("--shard-size", type=Count("--shard-size", 1, MAX_SHARD), default=4, help="prompts per shard")
+    c.add_argument("--skip", type=Count("--skip", 0, MAX_PROMPTS), default=0,
                    help="skip this many prompts of the mix first (parallel collections into other --out)")
     c.add_argument("--temperatures", type=_temperatures, default=(0.0, 0.7, 1.0),
                    help="comma-separated, cycled over the prompts; 0 = greedy (default: 0,0.7,1.0)")
@@ -158,12 +164,13 @@ def register(sub) -> None:
     t.add_argument("--data", required=True, help="folder(s) made by pacer collect, comma-separated")
     t.add_argument("--out", required=True, help="checkpoint folder")
     t.add_argument("--kind", choices=["pacer", "specdecpp"], default="pacer")
-    t.add_argument("--block", type=int, default=4, help="block size b")
-    t.add_argument("--epochs", type=int, default=20)
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--block", type=Count("--block", 1, MAX_DRAFT), default=4, help="block size b")
+    t.add_argument("--epochs", type=Count("--epochs", 1, MAX_EPOCHS), default=20)
+    t.add_argument("--seed", type=Count("--seed", MIN_SEED, MAX_SEED), default=0)
     t.add_argument("--val-frac", type=float, default=0.2)
-    t.add_argument("--d", type=int, default=64, help="width of the layer")
-    t.add_argument("--rank", type=int, default=8, help="rank of the hidden-state bottleneck (0: a full projection)")
+    t.add_argument("--d", type=Count("--d", 1, MAX_WIDTH), default=64, help="width of the layer")
+    t.add_argument("--rank", type=Count("--rank", 0, MAX_WIDTH), default=8,
+                   help="rank of the hidden-state bottleneck (0: a full projection)")
     t.add_argument("--no-class-weights", dest="class_weights", action="store_false",
                    help="plain likelihood: no re-weighting of accepted / rejected labels to balance them")
     t.add_argument("--token-weight", type=float, default=0.5,
@@ -172,7 +179,7 @@ def register(sub) -> None:
                    help="pacer: no attention over the draft's earlier tokens (an ablation: each token scored from its "
                         "own features)")
     t.add_argument("--layers", type=_layers, default=None, help="use only these recorded layers (ablation)")
-    t.add_argument("--min-draft", type=int, default=1)
+    t.add_argument("--min-draft", type=Count("--min-draft", 0, MAX_DRAFT), default=1)
     t.add_argument("--drop-scalars", type=_names, default=(), metavar="NAMES",
                    help="scalar features the model does not read, comma-separated (pacer.preverify.features)")
     t.add_argument("--ablate", type=_names, default=(), metavar="GROUPS",
@@ -189,7 +196,7 @@ def register(sub) -> None:
     u.add_argument("--checkpoint", default=None)
     u.add_argument("--data", default=None)
     u.add_argument("--costs", default=None, help="costs JSON or a cost profile (as pacer train --costs)")
-    u.add_argument("--min-draft", type=int, default=None)
+    u.add_argument("--min-draft", type=Count("--min-draft", 0, MAX_DRAFT), default=None)
     u.add_argument("--held-out", action="store_true",
                    help="--data holds no prompt the checkpoint was trained on: tune on all of it (default: its "
                         "validation split)")

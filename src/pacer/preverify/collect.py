@@ -97,8 +97,13 @@ def collect(decoder, out_dir: Path, n_prompts: int, max_new_tokens: int = 48, sp
     from tqdm import tqdm
 
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     spec = spec or FeatureSpec(hidden_size=decoder.draft_info.hidden_size)
+    context = decoder.target.context
+    room = context - max_new_tokens - spec.max_draft - 2  # the prompt plus a full answer must fit
+    if room < MIN_PROMPT_TOKENS:
+        raise PacerError(f"--max-new-tokens {max_new_tokens} and --max-draft {spec.max_draft} leave no room for a "
+                         f"prompt ({MIN_PROMPT_TOKENS}+ tokens) in the target's context of {context} tokens: nothing "
+                         f"would be collected; lower them")
     manifest_path = out_dir / "manifest.json"
     ident = {"target": decoder.target_info.fingerprint, "draft": decoder.draft_info.fingerprint,
              "feature_spec": spec.to_dict(), "seed": seed, "max_new_tokens": max_new_tokens,
@@ -123,9 +128,12 @@ def collect(decoder, out_dir: Path, n_prompts: int, max_new_tokens: int = 48, sp
         if not isinstance(records.get(name), dict) or "prompts" not in records[name]:
             raise PacerError(f"{out_dir / name} is damaged ({problem}) and this collection (made by an older pacer) "
                              f"does not record which prompts it holds; collect again into a new --out folder")
-    room = decoder.target.context - max_new_tokens - spec.max_draft - 2  # the prompt plus a full answer must fit
     prompts, report = load_prompts(decoder, max(n_prompts, manifest["prompts_done"]) + skip, seed, min(384, room))
+    if len(prompts) <= skip:
+        raise PacerError(f"the prompt mix holds {len(prompts)} prompt(s) that fit this pair within "
+                         f"{min(384, room)} tokens; --skip {skip} leaves none to collect: lower --skip")
     prompts = prompts[skip:]
+    out_dir.mkdir(parents=True, exist_ok=True)
     manifest["mix"] = report
     rec = Recorder(spec=spec)
     rec.round_id = manifest["rounds"]  # round ids stay unique across resumed runs
@@ -219,6 +227,10 @@ def read_manifest(path: Path) -> dict:
     return manifest
 
 
+#: the shortest prompt a collection takes
+MIN_PROMPT_TOKENS = 8
+
+
 def load_prompts(decoder, n: int, seed: int, max_prompt_tokens: int = 384) -> tuple[list[tuple[list[int], str]], dict]:
     """``n`` prompts of the training mix (:func:`pacer.data.mix.training_mix`) that fit (``8..max_prompt_tokens``
     tokens), as token ids (chat-templated unless raw code) with their category, and the mix's report."""
@@ -230,7 +242,7 @@ def load_prompts(decoder, n: int, seed: int, max_prompt_tokens: int = 384) -> tu
         except PacerError:  # longer than the model's context (or empty): not a prompt this pair can take
             return False
         encoded[p.text] = ids
-        return 8 <= len(ids) <= max_prompt_tokens
+        return MIN_PROMPT_TOKENS <= len(ids) <= max_prompt_tokens
 
     prompts, report = training_mix(n, seed, accept=fits)
     return [(encoded[p.text], p.category) for p in prompts], report
@@ -265,6 +277,8 @@ def load_dataset(folder: Path | str) -> tuple[dict[str, torch.Tensor], dict]:
         except (KeyError, RuntimeError) as e:
             raise PacerError(f"the shards of {f} do not fit together ({e}); collect again into a new --out "
                              f"folder") from None
+        if "accepted" not in datas[-1] or not datas[-1]["accepted"].numel():  # nothing to learn from
+            raise PacerError(f"the collection {f} holds no draft token; collect some (pacer collect --n)")
         manifests.append(manifest)
     first = manifests[0]
     for f, m in zip(folders[1:], manifests[1:], strict=True):

@@ -17,6 +17,7 @@ nearly flat in ``k`` on CPUs). Predicted speedup over plain decoding = (tokens /
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,6 +27,7 @@ import torch
 from safetensors.torch import save
 from torch import nn
 
+from ..bounds import MAX_EPOCHS, MAX_WIDTH, Count, non_finite
 from ..costs import BadField, Costs
 from ..errors import PacerError
 from ..io import atomic_write_bytes
@@ -221,10 +223,17 @@ def fit(kind: str, train: Rounds, block: int, epochs: int, seed: int, lr: float 
                 logit = model(b.hidden[mask], x_s[mask])
                 loss = nn.functional.binary_cross_entropy_with_logits(logit, y_t[mask],
                                                                       weight=_weights(y_t[mask], weighted))
+            if not bool(torch.isfinite(loss)):
+                raise PacerError(f"training diverged: the loss is {float(loss.detach())} at epoch {ep + 1} (non-finite "
+                                 f"features in the collection, or settings that overflow); no checkpoint is written: "
+                                 f"check the collection (pacer collect again) and the training settings")
             opt.zero_grad()
             loss.backward()
             opt.step()
             total += float(loss.detach()) * len(b)
+        if (bad := non_finite(model.named_parameters())) is not None:
+            raise PacerError(f"training diverged: the layer's weight {bad} is not finite after epoch {ep + 1}; no "
+                             f"checkpoint is written: check the collection and the training settings")
         if log and (ep + 1) % max(1, epochs // 5) == 0:
             log(f"  [{kind} b={block}] epoch {ep + 1}/{epochs} loss {total / R:.4f}")
     model.eval()
@@ -469,10 +478,13 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
         raise PacerError(f"unknown kind '{kind}' (use pacer or specdecpp)")
     if block not in (1, 2, 4, 8, 16):
         raise PacerError(f"--block must be one of 1, 2, 4, 8, 16, got {block}")
-    if d < 1 or rank < 0 or token_weight < 0:
-        raise PacerError(f"--d must be >= 1, --rank and --token-weight >= 0, got {d}, {rank} and {token_weight}")
-    if not 0.0 < val_frac < 1.0 or epochs < 1:
-        raise PacerError(f"--val-frac must be in (0, 1) and --epochs >= 1, got {val_frac} and {epochs}")
+    Count("--d", 1, MAX_WIDTH).check(d)
+    Count("--rank", 0, MAX_WIDTH).check(rank)
+    Count("--epochs", 1, MAX_EPOCHS).check(epochs)
+    if not (math.isfinite(token_weight) and token_weight >= 0):  # NaN passes a bare `< 0`
+        raise PacerError(f"--token-weight must be a finite number >= 0, got {token_weight}")
+    if not 0.0 < val_frac < 1.0:
+        raise PacerError(f"--val-frac must be in (0, 1), got {val_frac}")
     data, manifest = load_dataset(data_dir)
     try:
         spec = FeatureSpec.from_dict(manifest.get("feature_spec"))
@@ -504,6 +516,10 @@ def train(data_dir: Path, out: Path, kind: str = "pacer", block: int = 4, epochs
         raise PacerError(f"unknown ablation group(s) {', '.join(unknown)} (known: {', '.join(ABLATION_GROUPS)}, "
                          f"all)")
     tr, va_raw = split(rounds, val_frac, seed)
+    if not len(tr) or not len(va_raw):  # an untrained layer, or a threshold chosen on nothing
+        n = len(torch.unique(rounds.prompt))
+        raise PacerError(f"the collection {data_dir} holds {n} prompt(s): too few to train on some and hold out "
+                         f"--val-frac {val_frac} of them for validation; collect more (pacer collect --n)")
     va = va_raw
     if drop_scalars:
         tr, va = replace(tr, scalars=tr.scalars[..., keep]), replace(va_raw, scalars=va_raw.scalars[..., keep])

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from ..api import Decoder
 from ..errors import PacerError
@@ -17,6 +18,7 @@ from .metrics import Metrics, request_metrics
 from .protocol import (
     FINISH,
     BadRequest,
+    ClientGone,
     Defaults,
     chunk,
     error_body,
@@ -27,6 +29,9 @@ from .protocol import (
     usage,
 )
 from .worker import Cancelled, Job, Worker
+
+#: the server's own log lines (a client that went away)
+LOG = logging.getLogger("pacer.serve")
 
 
 class _Sink:
@@ -89,6 +94,11 @@ def build_app(decoder: Decoder, defaults: Defaults, model_name: str, queue_size:
     @app.exception_handler(BadRequest)
     async def bad_request(request: Request, e: BadRequest):
         return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, e: ClientGone):
+        LOG.warning("pacer serve: %s", e)  # one line, no traceback: the server is fine
+        return Response(status_code=400)  # (nobody reads it)
 
     @app.get("/health")
     async def health():

@@ -17,6 +17,7 @@ from ..args import (
     load_decoder,
     method_options,
 )
+from ..bounds import MAX_NEW_TOKENS, MAX_PORT, MAX_QUEUE, Count
 from ..errors import PacerError
 from ..io import loads_json
 
@@ -28,14 +29,16 @@ def register(subparsers) -> None:
                     "A request may choose its method: {\"pacer\": {\"method\": \"sd\", \"max_draft\": 8}}.")
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
-    g.add_argument("--port", type=int, default=8000)
+    g.add_argument("--port", type=Count("--port", 0, MAX_PORT, "the largest TCP port; 0: any free port"), default=8000)
     g.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
     g.add_argument("--served-model-name", default=None, help="the model id clients use (default: --target)")
-    g.add_argument("--queue-size", type=int, default=8, help="requests that may wait behind the running one; "
+    g.add_argument("--queue-size", type=Count("--queue-size", 0, MAX_QUEUE), default=8,
+                   help="requests that may wait behind the running one; "
                    "more get 429 with Retry-After")
     g.add_argument("--request-timeout", type=float, default=600.0,
                    help="seconds after which an unfinished request is ended at its next round (504)")
-    g.add_argument("--max-tokens", type=int, default=256, help="max_tokens of a request that gives none")
+    g.add_argument("--max-tokens", type=Count("--max-tokens", 1, MAX_NEW_TOKENS), default=256,
+                   help="max_tokens of a request that gives none")
     g.add_argument("--speculative-config", default=None, metavar="JSON",
                    help='vLLM-style: \'{"method": "pacer", "num_speculative_tokens": 16}\' (the method and its '
                         "upper bound on draft tokens per round; other keys are the method's options; vLLM's "
@@ -60,7 +63,7 @@ def speculative_config(text: str | None) -> dict:
         cfg["max_draft"] = cfg.pop("num_speculative_tokens")
     if "rejection_sample_method" in cfg:
         rule = cfg.pop("rejection_sample_method")
-        if rule not in REJECTION_SAMPLE_METHODS:
+        if not isinstance(rule, str) or rule not in REJECTION_SAMPLE_METHODS:  # a JSON list is unhashable
             raise PacerError(f"--speculative-config: rejection_sample_method must be one of "
                              f"{', '.join(REJECTION_SAMPLE_METHODS)}, got {rule!r}")
         cfg["verify"] = REJECTION_SAMPLE_METHODS[rule]

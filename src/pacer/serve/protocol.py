@@ -100,13 +100,28 @@ async def read_body(request) -> bytes:
     size = request.headers.get("content-length", "")
     if size.isascii() and size.isdigit() and len(size) < 20 and int(size) > MAX_BODY:
         raise too_large
+    from starlette.requests import ClientDisconnect
+
     parts, n = [], 0
-    async for part in request.stream():
-        n += len(part)
-        if n > MAX_BODY:
-            raise too_large
-        parts.append(part)
+    try:
+        async for part in request.stream():
+            n += len(part)
+            if n > MAX_BODY:
+                raise too_large
+            parts.append(part)
+    except ClientDisconnect:  # it declared more than it sent, or hung up mid-body: nobody to answer
+        raise ClientGone(f"a client ({_peer(request)}) went away after {n} of "
+                         f"{size or 'an undeclared number of'} body bytes; its request is dropped") from None
     return b"".join(parts)
+
+
+class ClientGone(Exception):
+    """A client that went away before its request body was read whole: logged in one line, answered with nothing."""
+
+
+def _peer(request) -> str:
+    client = getattr(request, "client", None)
+    return f"{client.host}:{client.port}" if client else "unknown address"
 
 
 def parse_body(raw: bytes) -> dict:
