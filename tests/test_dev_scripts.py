@@ -32,7 +32,6 @@ def pages(tmp_path, monkeypatch):
     shutil.copytree(ROOT / "docs" / "bench", bench)
     shutil.copytree(ROOT / "docs" / "profiles", profiles)
     monkeypatch.setattr(pages, "BENCH", bench)
-    monkeypatch.setattr(pages, "PLAIN_STEP", bench / "plain-step")
     monkeypatch.setattr(pages, "PROFILES", profiles)
     return pages
 
