@@ -37,7 +37,8 @@ def self_test(lib_path: str) -> bool:
             return False
         z, s = got[3:]
         slack = row.size * CLAMP_TERM
-        if not (abs(z - ref_z) <= RELATIVE_BOUND * ref_z + slack and abs(s - ref_s) <= RELATIVE_BOUND * abs(ref_s) + slack):
+        if not (abs(z - ref_z) <= RELATIVE_BOUND * ref_z + slack
+                and abs(s - ref_s) <= RELATIVE_BOUND * abs(ref_s) + slack):
             return False
     nan = rows[0].copy()
     nan[5000] = np.nan
