@@ -62,3 +62,23 @@ def test_the_command_line_refuses_a_nan_config_in_one_line(capsys, tmp_path):
     out, err = capsys.readouterr()
     assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
     assert "gave non-finite logits (NaN)" in err and "rms_norm_eps" in err and str(target) in err
+
+
+def test_the_server_answers_500_naming_the_cause():
+    """A NaN model is the server's fault, not the request's: HTTP 500 whose message names the cause; the server
+    goes on answering."""
+    import httpx
+
+    from test_serve import Server
+
+    target, draft = tiny_pair("close")
+    s = Server(Decoder(_poisoned(target), draft, threads=1, costs=FLAT))
+    try:
+        for _ in range(2):
+            r = httpx.post(s.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 8, "temperature": 0},
+                           timeout=60)
+            assert r.status_code == 500, r.text
+            err = r.json()["error"]
+            assert err["type"] == "server_error" and "gave non-finite logits (NaN)" in err["message"]
+    finally:
+        s.stop()
