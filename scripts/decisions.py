@@ -14,7 +14,11 @@ Two sets:
   llama.cpp-like one). Seconds to run; ``tests/test_decisions.py`` compares it with ``tests/data/decisions-tiny.json``.
 * ``real`` - the default pair on both backends (pacer, pacer+ouroboros and lookup), priced with the shipped Zen 4
   profiles (``docs/profiles/``); minutes; ``tests/test_decisions.py``'s realpair case compares it with
-  ``tests/data/decisions-real.json`` where the pair is installed.
+  ``tests/data/decisions-real-<backend>.json`` where the pair is installed. Its bf16 (PyTorch) and quantized
+  (llama.cpp) products round as the machine's kernels do, so the record keeps the kind of machine it was made on
+  (:func:`machine_kind`) and is compared exactly only on that kind; on any other, what holds everywhere is checked
+  instead: every method's output is plain decoding's up to a near-tie (:func:`lossless_problems`) and every
+  generation's rounds are well formed (:func:`structure_problems`).
 
     python scripts/decisions.py tiny --write tests/data/decisions-tiny.json
     python scripts/decisions.py real --backend llamacpp --write tests/data/decisions-real-llamacpp.json
@@ -137,25 +141,96 @@ def run_tiny(max_new_tokens: int = 40) -> dict:
     return out
 
 
-def run_real(backend: str, max_new_tokens: int = 64) -> dict:
-    from pacer import Decoder, MethodRequest
+def machine_kind(backend: str) -> dict:
+    """The kind of machine whose arithmetic a real-pair record holds: the CPU as pacer's calibrations key it
+    (:func:`pacer.machine.cpu_identity`: model, family and model, the ISA flags that pick the matrix kernels -
+    AVX2, AVX-512, AVX-512 BF16, AMX -, PyTorch's kernel level and the switches that lower it), the threads (they
+    split the products' sums) and the versions of the runtime that computes them."""
+    import importlib.metadata
+
+    import torch
+
+    from pacer.machine import cpu_identity
+
+    kind = {"cpu": cpu_identity(), "threads": torch.get_num_threads(), "torch": torch.__version__}
+    if backend == "llamacpp":
+        kind["llama_cpp"] = importlib.metadata.version("llama-cpp-python")
+    return kind
+
+
+def real_decoder(backend: str):
+    """The default pair on ``backend`` with every automatic choice fixed (each times this machine: bf16, the int8
+    draft on PyTorch, the draft's own encoding on llama.cpp), priced with the shipped Zen 4 profile."""
+    from pacer import Decoder
     from pacer.profiles import Profile
 
     profile = {"llamacpp": "zen4-avx512bf16-llamacpp-q4km.json",
                "transformers": "zen4-avx512bf16-transformers-bf16.json"}[backend]
     fixed_checks()
-    # every automatic choice fixed (each times this machine): bf16, the int8 draft on PyTorch, the draft's own
-    # encoding on llama.cpp
     tf = backend == "transformers"
     dec = Decoder.from_pretrained(backend=backend, dtype="bfloat16" if tf else "auto",
                                   draft_quant="int8" if tf else "none", draft_vocab=32768 if tf else None,
                                   progress=False)
     dec.use_profile(Profile.load(ROOT / "docs" / "profiles" / profile))
-    out: dict = {}
+    return dec
+
+
+def run_real(backend: str, max_new_tokens: int = 64, dec=None) -> dict:
+    """The real-pair record on ``backend`` (``dec``: :func:`real_decoder`'s, made here when not given), with the
+    kind of machine it was made on under ``"machine"``."""
+    from pacer import MethodRequest
+
+    dec = dec or real_decoder(backend)
+    out: dict = {"machine": machine_kind(backend)}
     for name in ("pacer", "pacer+ouroboros", "lookup"):
         out[f"{backend}/{name}"] = [generation_record(dec.generate(p, MethodRequest(name), max_new_tokens, chat=c))
                                     for c, p in PROMPTS + [REAL_EDIT]]
     return out
+
+
+def structure_problems(rec: dict) -> list[str]:
+    """What must hold of every recorded generation on any machine: a draft length and an accepted count per round
+    (the first round the prefill's: nothing drafted), no round accepting more than it drafted, each round committing
+    its accepted tokens and one of the target's (the last one cut by the budget or an end), one target forward per
+    round, and a finish reason."""
+    lines = []
+    for key, gens in sorted(rec.items()):
+        if key == "machine":
+            continue
+        if not isinstance(gens, list):
+            lines.append(f"{key}: {str(gens)[:80]}")
+            continue
+        for i, g in enumerate(gens):
+            d, a, n = g["draft_lengths"], g["accepted"], len(g["tokens"])
+            rounds = [(x, y) for x, y in zip(d, a, strict=False)]
+            why = ("rounds" if len(d) != len(a) or not d else
+                   "prefill" if rounds[0] != (0, 0) else
+                   "accepted" if any(not 0 <= y <= x for x, y in rounds) else
+                   "tokens" if not sum(y + 1 for _, y in rounds[:-1]) < n <= sum(y + 1 for _, y in rounds) else
+                   "forwards" if sum(f[0] == "t" for f in g["forwards"]) != len(d) else
+                   "finish" if g["finish"] not in ("length", "eos", "stop", "context") else "")
+            if why:
+                lines.append(f"{key} prompt {i}: {why} malformed")
+    return lines
+
+
+def lossless_problems(dec, rec: dict, backend: str, max_new_tokens: int = 64) -> list[str]:
+    """Where a method's recorded output differs from plain decoding's (run here, on ``dec``) other than at a
+    near-tie of the target's logits (:class:`pacer.decoding.Divergence`): after a near-tie the two outputs are
+    different texts, and nothing further is compared."""
+    from pacer.decoding import first_divergence
+
+    lines = []
+    prompts = PROMPTS + [REAL_EDIT]
+    ar = [dec.generate(p, "ar", max_new_tokens, chat=c).token_ids for c, p in prompts]
+    for key, gens in sorted(rec.items()):
+        if not key.startswith(f"{backend}/") or not isinstance(gens, list):
+            continue
+        for i, ((chat, prompt), g) in enumerate(zip(prompts, gens, strict=False)):
+            dv = first_divergence(dec.target, dec.encode(prompt, chat=chat), ar[i], g["tokens"])
+            if dv is not None and not dv.near_tie:
+                lines.append(f"{key} prompt {i}: differs from plain decoding at {dv.index}: {dv.describe()}")
+    return lines
 
 
 def differences(old: dict, new: dict) -> list[str]:

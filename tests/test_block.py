@@ -388,8 +388,8 @@ def test_cost_rule_learns_the_acceptance_of_the_rule_in_use():
     """The cost-aware rule's memory (:class:`~pacer.policies.cost_aware.CostMemory`) counts, per draft position,
     the rounds that reached it and those that kept it, from the accepted count the loop reports: under block
     verification exactly block's ``τ`` of each round (``GenerationStats``), so its ``α_i`` and survival are
-    block's; and a decoder keeps the two rules' memories apart (token-level rounds first here: a shared memory
-    would hold their counts too).
+    block's. A sampled generation learns from the initial memory (a seeded sample is reproducible:
+    ``tests/test_seeds.py``), so each generation's memory holds that generation's rounds alone.
     Ouroboros with a fixed ``γ``: the rule prices its extras and never declines a round (no fading)."""
     from conftest import FLAT
     from pacer.request import MethodRequest
@@ -399,18 +399,22 @@ def test_cost_rule_learns_the_acceptance_of_the_rule_in_use():
     req = MethodRequest("ouroboros", gamma=4)
     rows = dec.make_drafter(req).vocab_rows()
     for verify in S.VERIFY_RULES:
-        hits, trials = [0] * 6, [0] * 6
+        seen = 0
         for s in range(6):
-            st = dec.generate(PROMPT, req, max_new_tokens=30, sampling=SamplingConfig(1.0, seed=s, verify=verify)).stats
+            policy = dec.make_policy(req, rows, verify)
+            assert isinstance(policy, CostAwarePolicy)
+            st = dec.generate(PROMPT, req, max_new_tokens=30, sampling=SamplingConfig(1.0, seed=s, verify=verify),
+                              policy=policy).stats
+            hits, trials = [0] * 6, [0] * 6
             for γ, n in zip(st.draft_lengths, st.accepted_counts, strict=True):
                 for i in range(1, min(n + 1, γ) + 1):
                     trials[i] += 1
                     hits[i] += i <= n
-        memory = dec.make_policy(req, rows, verify).memory
-        assert isinstance(dec.make_policy(req, rows, verify), CostAwarePolicy) and sum(trials) > 20
-        for i in range(1, 6):
-            assert memory.trials[i] - memory.prior == trials[i], (verify, i)
-            assert memory.hits[i] - memory.prior * memory.alpha0 == pytest.approx(hits[i]), (verify, i)
+            memory, seen = policy.memory, seen + sum(trials)
+            for i in range(1, 6):
+                assert memory.trials[i] - memory.prior == trials[i], (verify, i)
+                assert memory.hits[i] - memory.prior * memory.alpha0 == pytest.approx(hits[i]), (verify, i)
+        assert seen > 20
 
 
 # ------------------------------------------------------------------------------------------------ settings

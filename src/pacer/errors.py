@@ -17,3 +17,8 @@ class InvalidValue(PacerError, ValueError):
 class InvalidType(PacerError, TypeError):
     """An argument of the wrong type: a ``TypeError`` for a Python caller, a one-line error (exit 2, HTTP 400) for
     the command line and the server."""
+
+
+class NonFiniteLogits(PacerError):
+    """A model's forward gave logits that are NaN or ``+inf`` (or a row with nothing scored): no token can be chosen
+    from them, so decoding stops instead of emitting arbitrary ids (:func:`pacer.decoding.backend.finite`)."""

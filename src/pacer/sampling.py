@@ -44,11 +44,23 @@ VERIFY_RULES = ("token", "block")
 #: below this temperature :func:`warp` divides the logits exactly (shifted by their maximum, in float64) instead of
 #: in float32 as they are
 EXACT_BELOW = 1e-3
+#: above this temperature too (``l / τ`` in float32 would take ``τ`` as ``inf``, and a masked id's ``-inf / inf``
+#: is NaN)
+EXACT_ABOVE = 1e30
 
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """``temperature == 0`` means greedy; top-k 0 and top-p 1.0 disable those filters."""
+    """``temperature == 0`` means greedy; top-k 0 and top-p 1.0 disable those filters.
+
+    Every value is checked here, once, whichever entry point builds the config (the API, the command line, the
+    server): a ``temperature`` that is finite and ``>= 0``, an integer ``top_k >= 0``, a ``top_p`` in ``(0, 1]``;
+    anything else (NaN, infinities, negatives, ``top_p`` 0 or above 1) is a one-line
+    :class:`~pacer.errors.InvalidValue`. Every value taken gives a distribution (:func:`warp`), at its limit where
+    the law degenerates: a ``temperature`` as small as ``5e-324`` is the argmax (equal maxima share it), a huge
+    one (up to ``1.7e308``) uniform over the ids scored; a ``top_p`` as small as ``5e-324`` (far below float32's
+    smallest number) keeps the top token alone (the first of equal maxima, as greedy decoding), and ``top_k = 1``
+    the top logit (equal ones all kept); a ``top_k`` of the vocabulary's size or more keeps every id."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -96,23 +108,32 @@ def _on(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 
 
 def warp(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
-    """Float32 probabilities after temperature, top-k and top-p; ``logits`` is ``[..., V]``."""
+    """Float32 probabilities after temperature, top-k and top-p; ``logits`` is ``[..., V]`` (finite where scored,
+    ``-inf`` where masked). Each row is a distribution for every config :class:`SamplingConfig` takes (its limits
+    are stated there): never NaN, never all zeros."""
     logits = logits.float()
     if cfg.greedy:
         return torch.softmax(logits, dim=-1)
-    if cfg.temperature >= EXACT_BELOW:
+    if EXACT_BELOW <= cfg.temperature <= EXACT_ABOVE:
         logits = logits / cfg.temperature
     else:  # a tiny τ (1e-40) overflows l / τ to ±inf (inf - inf is NaN): shifted by the maximum first, in float64,
-        # every logit but the largest goes to -inf and the largest stay 0 (the argmax, ties shared): the exact limit
+        # every logit but the largest goes to -inf and the largest stay 0 (the argmax, ties shared): the exact limit;
+        # a huge τ (1e300) takes every finite logit to ~0 (uniform over the ids scored) and keeps -inf as it is
         shifted = logits.double() - logits.amax(-1, keepdim=True).double()
         logits = (shifted / cfg.temperature).float()
     if cfg.top_k and cfg.top_k < logits.shape[-1]:
         kth = torch.topk(logits, cfg.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if cfg.top_p < 1.0:
-        sorted_logits, idx = torch.sort(logits, dim=-1, descending=True)
-        cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
-        remove = cum - torch.softmax(sorted_logits, dim=-1) >= cfg.top_p  # keep the smallest set reaching top_p
+        # stable: among equal logits the lowest id comes first (the argmax's order), so the top_p -> 0 limit is
+        # the argmax, ties resolved as greedy decoding resolves them
+        sorted_logits, idx = torch.sort(logits, dim=-1, descending=True, stable=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # keep the smallest set reaching top_p; the mass before a token is compared in float64 (a top_p below
+        # float32's smallest subnormal, 1e-300, would round to 0 in float32 and mask every token), and the top
+        # token is always kept (the limit of a tiny top_p: the argmax)
+        remove = (probs.cumsum(-1, dtype=torch.float64) - probs.double()) >= cfg.top_p
+        remove[..., 0] = False
         sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, idx, sorted_logits)
     return torch.softmax(logits, dim=-1)
@@ -121,12 +142,20 @@ def warp(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
 def draw(weights: torch.Tensor, gen: torch.Generator) -> int:
     """One index drawn with probability proportional to the non-negative ``weights`` (``[V]``, not necessarily
     normalised) by inverse transform: one uniform ``u`` from ``gen``, and the first index whose float64 cumulative
-    sum exceeds ``u`` times the total (a zero weight is never drawn). The law of ``torch.multinomial(weights, 1)``
+    sum exceeds ``u`` times the total (a zero weight is never drawn; weights that sum to zero, NaN or infinity are
+    a ``ValueError``, never an id). The law of ``torch.multinomial(weights, 1)``
     at a fraction of its time on a CPU (0.11 ms against 2.2 ms for 152k ids on a 2-core Zen 5; once per drafted
     token when sampling)."""
     c = torch.cumsum(_on(weights, gen), 0, dtype=torch.float64)
     u = torch.rand(1, generator=gen, device=gen.device, dtype=torch.float64) * c[-1]
-    return min(int(torch.searchsorted(c, u, right=True)), c.numel() - 1)
+    i = int(torch.searchsorted(c, u, right=True))
+    if i < c.numel():
+        return i
+    # u rounded up to the total (the last positive weight is meant), or nothing to draw from: never an arbitrary id
+    total = float(c[-1])
+    if not 0.0 < total < math.inf:
+        raise ValueError(f"draw: the weights sum to {total}, not a positive finite number: nothing to draw from")
+    return int(torch.searchsorted(c, c[-1:], right=False))
 
 
 def argmax(t: torch.Tensor):

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from ..cache import EntryLock, Manifest, pacer_home, sweep_stale, write_folder, write_problem
-from ..decoding.backend import Hidden, ModelBackend, Tree
+from ..decoding.backend import Hidden, ModelBackend, Tree, finite
 from ..errors import PacerError
 from ..gguf import DEFAULT_NAMES, gguf_file, gguf_tokenizer
 from ..machine import STORE, machine_key
@@ -252,7 +252,8 @@ class LlamaCppBackend(ModelBackend):
             for s in range(1, 1 + MAX_BRANCHES):
                 self._lib.llama_memory_seq_rm(self._mem, s, -1, -1)
         self.length += chain
-        return torch.from_numpy(logits), (torch.from_numpy(states),) if hidden else None
+        return finite(torch.from_numpy(logits), repr(str(self.llama.path))), \
+            (torch.from_numpy(states),) if hidden else None
 
     def _rows(self, get, last: int, count: int, width: int) -> np.ndarray:
         """Output rows ``last - count + 1 .. last`` of the last decode (batch indices; ``get``: logits or

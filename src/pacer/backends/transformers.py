@@ -22,7 +22,7 @@ import torch
 from transformers import DynamicCache
 
 from ..cache import file_sha256, pacer_home, sweep_stale
-from ..decoding.backend import Hidden, ModelBackend, Tree
+from ..decoding.backend import Hidden, ModelBackend, Tree, finite
 from ..errors import InvalidValue, PacerError
 from ..gguf import DEFAULT_NAMES, assemble_gguf, cached_conversion, first_line, no_progress_bars
 from ..machine import STORE, machine_key
@@ -65,6 +65,11 @@ class TransformersBackend(ModelBackend):
         if rows is not None:
             self.restrict_head(rows)
         self.reset()
+
+    @property
+    def name(self) -> str:
+        """The model as its errors name it: the folder it was loaded from, else its class."""
+        return repr(getattr(self.model.config, "_name_or_path", "") or type(self.model).__name__)
 
     @property
     def device(self) -> torch.device:
@@ -153,7 +158,7 @@ class TransformersBackend(ModelBackend):
                          output_hidden_states=hidden, **kwargs)
         self.length += len(ids)
         hs = tuple(h[0] for h in out.hidden_states) if hidden else None
-        return out.logits[0].float(), hs
+        return finite(out.logits[0].float(), self.name), hs
 
     def _forward_restricted(self, ids, hidden, keep, kwargs):
         """:meth:`forward` with the LM head restricted to ``rows``: the decoder stack, then ``S x H`` logits
@@ -174,7 +179,7 @@ class TransformersBackend(ModelBackend):
             extra = h @ self._w_extra.T
             logits[:, self._extra_dev] = (extra + self._b_extra if self._b_extra is not None else extra).float()
         hs = tuple(x[0] for x in out.hidden_states) if hidden else None
-        return logits, hs
+        return finite(logits, self.name), hs
 
     def crop(self, length: int) -> None:
         if length < self.length:
@@ -183,7 +188,7 @@ class TransformersBackend(ModelBackend):
 
     @torch.inference_mode()
     def score(self, ids: Sequence[int]) -> torch.Tensor:
-        return self.model(input_ids=self._ids(ids)).logits[0].float()
+        return finite(self.model(input_ids=self._ids(ids)).logits[0].float(), self.name)
 
     def _ids(self, ids: Sequence[int]) -> torch.Tensor:
         return torch.tensor([list(ids)], dtype=torch.long, device=self.device)

@@ -25,11 +25,14 @@ test's pure-Python fake backend (``tests/test_backend.py``) runs the whole loop.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+from ..errors import NonFiniteLogits
 
 Hidden = tuple[torch.Tensor, ...]
 
@@ -54,6 +57,25 @@ class Tree:
     @classmethod
     def chain(cls, n: int) -> Tree:
         return cls(torch.ones(n, n, dtype=torch.bool, device="cpu").tril(), tuple(range(n)))
+
+
+def finite(logits: torch.Tensor, model: str) -> torch.Tensor:
+    """``logits`` (the rows a forward returns), checked: one reduction over them, each row's maximum (NaN
+    propagates through it, ``+inf`` is it, a row of ``-inf`` alone leaves it ``-inf``), then the least and the
+    largest of those, read back together; :class:`~pacer.errors.NonFiniteLogits` naming ``model`` and the likely
+    cause where one is not finite. Every backend's :meth:`ModelBackend.forward` and
+    :meth:`ModelBackend.score` return through it: a model whose numbers are NaN (a NaN weight, an ``rms_norm_eps``
+    of NaN in its config) stops with that error, never decodes arbitrary ids."""
+    if logits.numel() == 0:
+        return logits
+    lo, hi = torch.stack(torch.aminmax(logits.amax(-1))).tolist()
+    if math.isfinite(lo) and math.isfinite(hi):
+        return logits
+    what = "NaN" if math.isnan(lo) or math.isnan(hi) else "+inf" if hi == math.inf else \
+        "-inf everywhere in a row (no id scored)"
+    raise NonFiniteLogits(f"the model {model} gave non-finite logits ({what}): its weights or its configuration "
+                          f"produce non-finite numbers (a NaN or infinite weight, a config value such as "
+                          f"rms_norm_eps set to NaN); check or replace the model's files")
 
 
 class ModelBackend(ABC):

@@ -87,6 +87,9 @@ class CostAwarePolicy(DraftPolicy):
         self.inner, self.length = inner, length
         self.pricer = costs if isinstance(costs, CostPricer) else \
             CostPricer(costs, memory, refine, inner.max_draft, source)
+        #: the decoder's memory of this method, kept across its greedy generations (a sampled one starts afresh:
+        #: :meth:`prepare`)
+        self.shared_memory = self.pricer.memory
         self.hidden_layers = inner.hidden_layers
         self.draft_features = inner.draft_features
         self.needs_soft = inner.needs_soft
@@ -186,9 +189,12 @@ class CostAwarePolicy(DraftPolicy):
         self.inner.prefilled(committed)
 
     def prepare(self, greedy: bool) -> None:
-        """Sampling: decide from the calibration only (no refinement from timings), so that a seeded sample is
-        reproducible."""
+        """Sampling: decide from the calibration only (no refinement from timings) and from the initial memory (a
+        fresh :class:`CostMemory`, not what the decoder's earlier generations taught it, which greedy generations
+        keep using and extending), so that a seeded sample is reproducible whatever ran before it on the decoder."""
         self.inner.prepare(greedy)
+        shared = self.shared_memory
+        self.pricer.memory = shared if greedy else CostMemory(shared.alpha0, shared.prior, len(shared.hits) - 1)
         if not greedy:
             self.pricer.refine = 0.0
 

@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from ..api import Decoder
-from ..errors import PacerError
+from ..errors import NonFiniteLogits, PacerError
 from ..streaming import TextStreamer
 from .metrics import Metrics, request_metrics
 from .protocol import (
@@ -61,6 +61,8 @@ def _failure(e: BaseException) -> tuple[int, str, str]:
         why = str(e) or "cancelled"
         return (504, "timeout", "timeout") if why == "timeout" else (503, why, "server_shutdown" if why ==
                                                                        "shutdown" else "cancelled")
+    if isinstance(e, NonFiniteLogits):  # the server's model, not the request: its cause in one line, as a 500
+        return 500, "error", "server_error"
     if isinstance(e, PacerError):
         return 400, "error", "invalid_request_error"
     return 500, "error", "server_error"

@@ -4,8 +4,9 @@ Fields read (others are ignored, as OpenAI's own servers ignore what they do not
 (completions: a string, or a list holding one string or token ids) or ``messages`` (chat: ``role`` / ``content``
 strings, the last from the user), ``max_tokens`` (``max_completion_tokens`` for chat too), ``temperature``
 (OpenAI's default 1.0), ``top_p``, ``top_k``, ``seed`` (absent: a random one), ``stop`` (a string or a list),
-``stream``, ``stream_options.include_usage``, ``n`` (1 only), and the extension ``pacer``: ``{"method": ...,
-"gamma"/"min_draft"/"max_draft"/"cost_aware": ..., <the method's registered options>}`` (a
+``stream``, ``stream_options.include_usage``, ``n`` (1 only), ``min_p`` (0 only: another is refused, not ignored),
+and the extension ``pacer``: ``{"method": ..., "gamma"/"min_draft"/"max_draft"/"cost_aware": ..., <the method's
+registered options>}`` (a
 :class:`~pacer.request.MethodRequest`) and ``"verify": "token"|"block"`` (the sampling verification rule,
 :attr:`pacer.SamplingConfig.verify`), defaulting to the server's configuration; an option that names a file or
 folder (:func:`pacer.methods.path_options`: ``pool_file``, the pre-verifier's ``path``) is refused: paths on the
@@ -177,6 +178,9 @@ def parse_request(body: dict, chat: bool, defaults: Defaults, model: str) -> Req
     key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _number(body, key, int, None, lo=1)
     seed = _number(body, "seed", int, None)
+    if _number(body, "min_p", float, 0.0) != 0.0:  # vLLM's filter: not one pacer samples with, never ignored
+        raise BadRequest("'min_p' is not supported (pacer samples with temperature, top_k and top_p); leave it out "
+                         "or pass 0", param="min_p")
     try:
         sampling = SamplingConfig(_number(body, "temperature", float, 1.0), _number(body, "top_k", int, 0),
                                   _number(body, "top_p", float, 1.0),
