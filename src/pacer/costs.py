@@ -69,6 +69,20 @@ class Costs:
                      self.draft_prefill * draft, {k: v * target for k, v in self.tree.items()},
                      {k: v * draft for k, v in self.draft_curve.items()})
 
+    def shapes(self, max_k: int) -> dict[str, Costs]:
+        """Three curves of the same ``c_t(1)`` up to ``k = max_k + 1``, for a training validation: ``flat``
+        (verification free), ``linear`` (``c_t(k) = k c_t(1)``) and ``gpu`` (1 % per extra token, a draft token 0.3 of
+        a forward), each with these chain costs' draft and policy check."""
+        c1, ks = self.target_cost(1), range(1, max_k + 2)
+        return {"flat": Costs(self.draft, dict.fromkeys(ks, c1), self.policy_per_check),
+                "linear": Costs(self.draft, {k: k * c1 for k in ks}, self.policy_per_check),
+                "gpu": Costs(0.3 * c1, {k: c1 * (1 + 0.01 * (k - 1)) for k in ks}, self.policy_per_check * 0.3)}
+
+    def chain(self, policy_per_check: float | None = None) -> Costs:
+        """The chain costs alone (``c_d``, ``c_t``, ``c_p``: a training validation's), with ``policy_per_check`` in
+        place of this ``c_p`` where given."""
+        return Costs(self.draft, self.target, self.policy_per_check if policy_per_check is None else policy_per_check)
+
     def to_dict(self) -> dict:
         d = {"draft": self.draft, "target": {str(k): v for k, v in sorted(self.target.items())},
              "policy_per_check": self.policy_per_check, "draft_prefill": self.draft_prefill}

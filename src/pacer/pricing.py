@@ -31,15 +31,37 @@ from .costs import ContextCosts, Costs
 from .rounds import DraftState, RoundResult
 
 
+def round_seconds(costs: Costs, n: int, spent: float | None = None, at_least: bool = False,
+                  checks: int | None = None) -> float:
+    """``T_n = n (c_d + c_p) + c_t(n + 1)``: the seconds of a round that drafted ``n`` tokens (the one place this
+    formula is written). ``spent``: the round's drafting seconds as counted instead of ``n (c_d + c_p)``
+    (``at_least``: never below it); ``checks``: the policy checks made, where not one a token
+    (``n c_d + checks c_p``)."""
+    drafting = n * (costs.draft + costs.policy_per_check) if checks is None else \
+        n * costs.draft + checks * costs.policy_per_check
+    if spent is not None:
+        drafting = max(spent, drafting) if at_least else spent
+    return drafting + costs.target_cost(n + 1)
+
+
+def round_value(costs: Costs, S: list[float], spent: float | None = None, at_least: bool = False) -> tuple[float, float]:
+    """``(E_n, T_n)`` of a round that drafted ``n = len(S)`` tokens with survivals ``S = [S_1..S_n]``:
+    ``E_n = 1 + Σ S_i`` expected tokens in :func:`round_seconds`."""
+    return sum(S, 1.0), round_seconds(costs, len(S), spent, at_least)
+
+
+def _gain_pays(E: float, T: float, n: int, S_next: float, costs: Costs, free: bool) -> bool:
+    """:func:`gain_pays` on a round of ``n`` drafted tokens already valued at ``(E, T)``."""
+    dT = (0.0 if free else costs.draft) + costs.policy_per_check + costs.target_cost(n + 2) - costs.target_cost(n + 1)
+    return S_next * T >= E * dT
+
+
 def gain_pays(S: list[float], S_next: float, costs: Costs, spent: float | None = None, free: bool = False) -> bool:
     """Does drafting ``d_{n+1}`` raise the round's expected throughput? ``S`` = ``[S_1..S_n]``, ``S_next`` =
     ``S_{n+1}`` (see the module docstring for the terms). ``spent``: the round's drafting seconds so far (default
     ``n (c_d + c_p)``); ``free``: ``d_{n+1}`` needs no draft forward (it came with a phrase), only ``c_p``."""
-    n = len(S)
-    E = 1.0 + sum(S)
-    T = (n * (costs.draft + costs.policy_per_check) if spent is None else spent) + costs.target_cost(n + 1)
-    dT = (0.0 if free else costs.draft) + costs.policy_per_check + costs.target_cost(n + 2) - costs.target_cost(n + 1)
-    return S_next * T >= E * dT
+    E, T = round_value(costs, S, spent)
+    return _gain_pays(E, T, len(S), S_next, costs, free)
 
 
 def catch_up_pays(S_1: float, costs: Costs, catch_up: int, remaining: int) -> bool:
@@ -51,8 +73,8 @@ def catch_up_pays(S_1: float, costs: Costs, catch_up: int, remaining: int) -> bo
     is not counted."""
     if remaining <= 0 or costs.draft_prefill <= 0:
         return True
-    T1 = costs.draft + costs.policy_per_check + costs.target_cost(2)
-    saving = costs.target_cost(1) - T1 / (1.0 + S_1)
+    E1, T1 = round_value(costs, [S_1])
+    saving = costs.target_cost(1) - T1 / E1
     return remaining * saving > catch_up * costs.draft_prefill
 
 
@@ -67,15 +89,12 @@ def predicted_round(costs: Costs, alpha: float = TYPICAL_ACCEPTANCE, max_draft: 
     (``S_i = alpha^i``): the draft length it chooses (:func:`gain_pays`, token by token, at most ``max_draft``) and
     the predicted speedup of such rounds over plain decoding, ``E_n / T_n · c_t(1)`` (1.0 where it drafts
     nothing: every round a plain decoding step). Prefills and catch-ups are left out."""
-    S: list[float] = []
-    while len(S) < max_draft and gain_pays(S, alpha ** (len(S) + 1), costs):
-        S.append(alpha ** (len(S) + 1))
-    n = len(S)
+    n, E = 0, 1.0  # the round so far, extended token by token (E kept as it goes: linear in max_draft)
+    while n < max_draft and _gain_pays(E, round_seconds(costs, n), n, alpha ** (n + 1), costs, False):
+        n, E = n + 1, E + alpha ** (n + 1)
     if not n:
         return 0, 1.0
-    T = n * (costs.draft + costs.policy_per_check) + costs.target_cost(n + 1)
-    return n, (1.0 + sum(S)) / T * costs.target_cost(1)
-
+    return n, E / round_seconds(costs, n) * costs.target_cost(1)
 
 
 class SurvivalCalibrator:
@@ -367,7 +386,7 @@ class CostPricer(Pricer):
             S *= self.gen_alpha(g)
             E += S
             share = once * min(1.0, E / remaining) if remaining > 0 else once
-            best = max(best, E / (share + g * (c.draft + c.policy_per_check) + c.target_cost(g + 1)))
+            best = max(best, E / (share + round_seconds(c, g)))
         return best
 
     def phrase_rate(self, accept: list[float]) -> tuple[int, float]:
@@ -397,13 +416,17 @@ class CostPricer(Pricer):
             E, base = 1.0, self.costs.target_cost(1)
             y = self.memory.pool_yield() if yield_ is None else yield_
             return best_branch(self.costs, E, base, base, y, 1, self.MAX_BRANCH)
-        S = self.S[:drafted] + [self.S[-1] if self.S else 1.0] * (drafted - len(self.S))
-        E = 1.0 + sum(S)
-        k = drafted + 1
-        base = self.costs.target_cost(k)
-        T = max(self.spent, drafted * (self.costs.draft + self.costs.policy_per_check)) + base
+        S, E, T = self._drafted_round(drafted)
         y = self.memory.branch_yield() if yield_ is None else yield_
-        return best_branch(self.costs, E, T, base, S[-1] * y, k, self.MAX_BRANCH)
+        k = drafted + 1
+        return best_branch(self.costs, E, T, self.costs.target_cost(k), S[-1] * y, k, self.MAX_BRANCH)
+
+    def _drafted_round(self, drafted: int) -> tuple[list[float], float, float]:
+        """``(S, E, T)`` of this round once ``drafted`` tokens are out (positions the rule did not score carry the
+        last survival on; the drafting seconds at least ``drafted (c_d + c_p)``)."""
+        S = self.S[:drafted] + [self.S[-1] if self.S else 1.0] * (drafted - len(self.S))
+        E, T = round_value(self.costs, S, self.spent, at_least=True)
+        return S, E, T
 
     def sibling_room(self, state: DraftState, hits: list[float]) -> list[int]:
         """Sibling branches pay like draft tokens: the sibling of ``d_{i+1}`` yields a token with probability
@@ -414,11 +437,10 @@ class CostPricer(Pricer):
         drafted = state.n
         if drafted <= 0:
             return []
-        S = [1.0] + self.S[:drafted] + [self.S[-1] if self.S else 1.0] * (drafted - len(self.S))
-        E = sum(S)
+        drafted_S, E, T = self._drafted_round(drafted)
+        S = [1.0, *drafted_S]
         k = drafted + 1
         base = self.costs.target_cost(k)
-        T = max(self.spent, drafted * (self.costs.draft + self.costs.policy_per_check)) + base
         gains = sorted((((S[i] - S[i + 1]) * h, i) for i, h in enumerate(hits[:drafted])), reverse=True)
         best, best_rate, total = 0, E / T, 0.0
         for b, (g, _) in enumerate(gains[: self.MAX_BRANCH], start=1):
