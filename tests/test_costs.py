@@ -13,6 +13,7 @@ from pacer import calibration as cal_mod
 from pacer.costs import Costs
 from pacer.policies import DraftState, FixedPolicy, RoundResult
 from pacer.policies.cost_aware import CostAwarePolicy, CostMemory, SurvivalCalibrator, catch_up_pays, gain_pays
+from pacer.pricing import UNPRICED
 from pacer.tiny import tiny_pair
 
 PROMPTS = ["hello world, this is", "def f(x):\n    return"]
@@ -204,10 +205,10 @@ def test_learned_policies_draft_nothing_on_proportional_costs():
         pol = random_policy(kind, block=1, hidden=dec.draft_info.model.config.hidden_size)
         pol.threshold, pol.min_draft = None, 0
         gate = CostAwarePolicy(pol, LINEAR, refine=0.0)
-        res = dec.generate(PROMPTS[0], kind, max_new_tokens=20, policy=gate)
+        res = dec.generate(PROMPTS[0], kind, max_new_tokens=20, policy=gate, pricer=gate.pricer)
         assert res.token_ids == ar.token_ids and res.stats.draft_tokens == 0
         cheap = CostAwarePolicy(pol, Costs(1e-4, {1: 1.0, 64: 1.0}), refine=0.0)
-        res = dec.generate(PROMPTS[0], kind, max_new_tokens=20, policy=cheap)
+        res = dec.generate(PROMPTS[0], kind, max_new_tokens=20, policy=cheap, pricer=cheap.pricer)
         assert res.token_ids == ar.token_ids and res.stats.draft_tokens > 0
 
 
@@ -222,7 +223,8 @@ def test_the_layer_reads_each_drafted_token_once_a_round_the_rules_update_includ
     pol = random_policy("pacer", block=1, hidden=dec.draft_info.model.config.hidden_size)
     pol.threshold, pol.min_draft = None, 0
     rows = rows_fed(pol)
-    res = dec.generate(PROMPTS[0], "pacer", max_new_tokens=20, policy=CostAwarePolicy(pol, cheap, refine=0.0))
+    res = dec.generate(PROMPTS[0], "pacer", max_new_tokens=20,
+        policy=(rule := CostAwarePolicy(pol, cheap, refine=0.0)), pricer=rule.pricer)
     assert res.stats.draft_tokens > 3
     assert sum(rows) == res.stats.draft_tokens  # each drafted token read once, none re-read
 
@@ -472,14 +474,14 @@ def test_candidate_branches_pay_like_draft_tokens():
     assert pol.pricer.branch_room(0) >= 8
     pol.memory.pool_update(1000, 0)
     assert pol.pricer.branch_room(0) == 0  # ... its own does
-    assert FixedPolicy(gamma=4).pricer.branch_room(0) == 0  # no cost model: none where nothing was drafted
+    assert UNPRICED.branch_room(0) == 0  # no cost model: none where nothing was drafted
     assert room(FLAT) >= 8  # FLAT: c_t(17) is 1.1 c_t(1)
     assert room(FLAT, yield_=0.0) == 0  # branches that never yield stop being scored
     dear_tree = Costs(FLAT.draft, FLAT.target, tree={k: 2 * FLAT.target_cost(k) for k in (2, 4, 8, 17)})
     assert room(dear_tree) == 0  # a masked forward taking a kernel twice as dear
     steep_after_8 = Costs(0.03, {1: 0.3, 2: 0.3, 8: 0.31, 9: 0.6, 17: 1.2})
     assert 1 <= room(steep_after_8) <= 8 - 4  # only up to the end of the flat part (k = 4 + b <= 8)
-    assert FixedPolicy(gamma=4).pricer.branch_room(3) > 1000  # no cost model: unbounded
+    assert UNPRICED.branch_room(3) > 1000  # no cost model: unbounded
     d = Draft([1, 2], None, DraftState(), branches=[[3, 4, 5], [6, 7, 8]])
     ids, tree = d.tree_inputs([0], room=3, total=4)
     assert d.branches == [[3, 4, 5], [6]] and ids == [0, 1, 2, 3, 4, 5, 6]
@@ -519,7 +521,7 @@ def test_sibling_branches_pay_like_draft_tokens():
     assert chosen(steep_after_4, [0.5, 0.5, 0.5]) == []  # k = 4 already: one more token costs half a forward
     # no cost model: every position, likeliest first by the draft's own survival
     st = DraftState(tokens=[1, 2, 3], prob=[0.9, 0.5, 0.99])
-    assert FixedPolicy(gamma=4).pricer.sibling_room(st, [0.5, 0.5, 0.0]) == [1, 0]
+    assert UNPRICED.sibling_room(st, [0.5, 0.5, 0.0]) == [1, 0]
 
 
 def test_what_the_rule_learns_carries_over_to_the_next_generation():
@@ -649,7 +651,7 @@ def test_phrases_pay_like_draft_tokens():
     assert pol.pricer.phrase_room(1, [0.1] * 6) == 0  # the draft rarely agrees: the longer forward does not pay
     flat = CostAwarePolicy(FixedPolicy(gamma=4), Costs(0.036, {1: 0.25, 8: 0.26}))  # no draft curve: c_d at any k
     assert flat.pricer.phrase_room(1, [0.1] * 6) == 6
-    assert FixedPolicy(gamma=4).pricer.phrase_room(1, [0.01] * 5) == 5
+    assert UNPRICED.phrase_room(1, [0.01] * 5) == 5
     assert Costs.from_dict(steep.to_dict()).draft_cost(3) == pytest.approx(0.044)
 
 

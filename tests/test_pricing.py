@@ -88,7 +88,8 @@ def test_the_cost_rule_passes_the_prefills_token_to_the_policy_it_wraps(pairs):
     assert inner.prefill == 1
     dec = pairs["close"]
     inner = Counting()
-    dec.generate("hello world", "sd", max_new_tokens=5, policy=CostAwarePolicy(inner, CURVE, refine=0.0))
+    dec.generate("hello world", "sd", max_new_tokens=5,
+        policy=(rule := CostAwarePolicy(inner, CURVE, refine=0.0)), pricer=rule.pricer)
     assert inner.prefill == 1
     ref = dec.generate("hello world", "ar", max_new_tokens=12).token_ids
     res = dec.generate("hello world", "oracle", max_new_tokens=12, reference=ref)
@@ -182,10 +183,10 @@ def test_the_rule_prices_a_round_at_the_context_it_runs_at():
 
     rule = CostAwarePolicy(FixedPolicy(gamma=8, min_draft=0), ContextCosts(steepening), refine=0.0)
     state = DraftState(remaining=100)
-    rule.pricer.at(32)
+    rule.pricer.set_context(32)
     assert rule.should_continue(state)
     rule.update(state, RoundResult(drafted=0, accepted=0))
-    rule.pricer.at(1024)
+    rule.pricer.set_context(1024)
     assert not rule.should_continue(state)
     assert rule.pricer.costs.target_cost(2) == pytest.approx(1.9 * rule.pricer.costs.target_cost(1))
     assert rule.costs.target_cost(8) > 6  # what the rule reports: the costs where it decided last

@@ -234,33 +234,39 @@ def prefill_doubt(n: int, per_token: float, curve: dict[int, float]) -> str | No
 
 
 class ContextCosts:
-    """Costs that depend on the context a forward runs at: :meth:`at` gives the :class:`Costs` of forwards after
-    ``context`` cached tokens (a profile measured at several contexts prices each forward there: on llama.cpp with
-    2 cores a 2-token forward costs 1.3 one-token forwards after 32 tokens and 1.8 after 500-1,000). ``costs_at``
-    makes them (e.g. :meth:`pacer.profiles.Profile.costs`); they are kept per :attr:`STEP` tokens of context (at
-    the nearest step),
-    made non-decreasing in ``k`` (:meth:`Costs.monotone`), with the policy check ``policy_per_check``."""
+    """Costs that depend on the context a forward runs at: :meth:`costs` gives the :class:`Costs` of forwards after
+    ``context`` cached tokens (a profile or a calibration measured at several contexts prices each forward there: on
+    llama.cpp with 2 cores a 2-token forward costs 1.3 one-token forwards after 32 tokens and 1.8 after
+    500-1,000). ``measure`` makes them (e.g. :meth:`pacer.profiles.Profile.costs`); they are kept per ``step``
+    tokens of context (at the nearest step, or the next one up with ``up``), made non-decreasing in ``k``
+    (:meth:`Costs.monotone`), with the policy check ``policy_per_check``. The one shape of costs every source
+    becomes: a calibration, a profile, costs given in code and the vLLM proposer's."""
 
     #: contexts are priced in steps of this many tokens (a forward's cost moves little within one)
     STEP = 64
 
-    def __init__(self, costs_at: Callable[[int], Costs], policy_per_check: float = 0.0) -> None:
-        self.costs_at, self.policy_per_check = costs_at, policy_per_check
+    def __init__(self, measure: Callable[[int], Costs], policy_per_check: float = 0.0, step: int = STEP,
+                 up: bool = False) -> None:
+        self.measure, self.policy_per_check, self.step, self.up = measure, policy_per_check, step, up
         self._made: dict[int, Costs] = {}
 
     @classmethod
     def fixed(cls, costs: Costs) -> ContextCosts:
-        """The same costs at every context (a calibration measured at one context)."""
+        """The same costs at every context (costs given as one :class:`Costs`)."""
         return cls(lambda _: costs, costs.policy_per_check)
 
     def with_check(self, seconds: float) -> ContextCosts:
         """The same costs with a policy check of ``seconds``."""
-        return ContextCosts(self.costs_at, seconds)
+        return ContextCosts(self.measure, seconds, self.step, self.up)
 
-    def at(self, context: int) -> Costs:
-        step = (max(0, context) + self.STEP // 2) // self.STEP * self.STEP  # the nearest step
+    def costs(self, context: int) -> Costs:
+        """The costs of forwards after ``context`` cached tokens (made once per step)."""
+        if self.up:
+            step = -(-max(1, context) // self.step) * self.step
+        else:
+            step = (max(0, context) + self.step // 2) // self.step * self.step  # the nearest step
         if step not in self._made:
-            self._made[step] = replace(self.costs_at(step), policy_per_check=self.policy_per_check).monotone()
+            self._made[step] = replace(self.measure(step), policy_per_check=self.policy_per_check).monotone()
         return self._made[step]
 
 

@@ -129,15 +129,15 @@ class CostAwarePolicy(DraftPolicy):
         """Extend the pricer's ``S`` (and the raw scores ``raw``, ``None`` where the policy has none) to
         ``state.n`` entries; positions the loop did not ask about (below ``min_draft``) get the score of the first
         one asked. The wrapped policy is asked only where ``S`` is short (a layer's score costs a check)."""
-        S = self.pricer.S
-        if len(S) >= state.n:
+        p = self.pricer
+        if len(p.S) >= state.n:
             return
         raw = self.inner.survival(state)
-        while len(S) < state.n:
-            i = len(S) + 1
+        while len(p.S) < state.n:
+            i = len(p.S) + 1
             self.raw.append(raw)
-            prev = S[-1] if S else 1.0
-            S.append(prev * self.pricer.alpha(i) if raw is None else min(prev, self.calibrator(raw)))
+            prev = p.S[-1] if p.S else 1.0
+            p.survive(prev * p.alpha(i) if raw is None else min(prev, self.calibrator(raw)))
 
     def should_continue(self, state: DraftState) -> bool:
         if not self.inner.should_continue(state):
@@ -189,8 +189,7 @@ class CostAwarePolicy(DraftPolicy):
         """Sampling: decide from the calibration only (no refinement from timings), so that a seeded sample is
         reproducible."""
         self.inner.prepare(greedy)
-        if not greedy:
-            self.pricer.refine = 0.0
+        self.pricer.begin(greedy)
 
     @property
     def needs_reference(self) -> bool:
