@@ -270,6 +270,33 @@ class ContextCosts:
         return self._made[step]
 
 
+def between(measured: dict[int, Costs], context: int) -> Costs:
+    """Costs measured at several contexts (cached tokens -> :class:`Costs`), at ``context``: every curve (at the
+    ``k`` either measured) and every per-token cost linear between the two nearest contexts, clamped to the first
+    and the last (a curve measured at one of them only is taken as it is)."""
+    cs = sorted(measured)
+    if context <= cs[0]:
+        return measured[cs[0]]
+    if context >= cs[-1]:
+        return measured[cs[-1]]
+    lo = max(c for c in cs if c <= context)
+    hi = min(c for c in cs if c >= context)
+    if lo == hi:
+        return measured[lo]
+    a, b, w = measured[lo], measured[hi], (context - lo) / (hi - lo)
+
+    def mix(x: float, y: float) -> float:
+        return x + w * (y - x)
+
+    def curve(p: dict[int, float], q: dict[int, float]) -> dict[int, float]:
+        if not p or not q:
+            return dict(p or q)
+        return {k: mix(interpolate(p, k), interpolate(q, k)) for k in sorted(set(p) | set(q))}
+
+    return Costs(mix(a.draft, b.draft), curve(a.target, b.target), mix(a.policy_per_check, b.policy_per_check),
+                 mix(a.draft_prefill, b.draft_prefill), curve(a.tree, b.tree), curve(a.draft_curve, b.draft_curve))
+
+
 def interpolate(curve: dict[int, float], k: int, clamp: bool = False) -> float:
     """A cost curve at ``k``: linear between measured points, the first point below it, and beyond the last one
     proportional to ``k`` (a forward's cost) or, with ``clamp``, the last point (a cost per token)."""
