@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .errors import PacerError
+from .errors import InvalidType, InvalidValue, PacerError
 
 
 @dataclass
@@ -147,6 +147,36 @@ class Costs:
     def verification_growth(self, k: int = 8) -> float:
         """``c_t(k) / c_t(1)``: ~1 where verifying a block is nearly free, ~``k`` where it costs ``k`` forwards."""
         return self.target_cost(k) / self.target_cost(1)
+
+
+def check_given(costs: object, free_draft: bool = False, what: str = "costs") -> ContextCosts:
+    """Costs given in code (``Decoder(costs=...)``) checked as a profile's are, as the one shape rounds are priced
+    with: a :class:`Costs` (or a :class:`ContextCosts`, checked at context 0) whose fields are numbers and curves
+    ``{int k: seconds}``, and whose values :meth:`Costs.problems` finds usable (``free_draft``: a pair without a
+    draft model, ``c_d`` may be 0). Raises :class:`~pacer.errors.InvalidType` or :class:`~pacer.errors.InvalidValue`,
+    one line naming the field."""
+    curve = costs if isinstance(costs, ContextCosts) else None
+    if curve is not None:
+        costs, what = curve.measure(0), f"{what} at context 0"
+    if not isinstance(costs, Costs):
+        raise InvalidType(f"{what} must be a pacer.costs.Costs (or a pacer.costs.ContextCosts: costs by context), "
+                          f"got {type(costs).__name__}")
+    for name in ("draft", "policy_per_check", "draft_prefill"):
+        v = getattr(costs, name)
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise InvalidType(f"{what}: {name.replace('_', ' ')} cost is {v!r}, not a number of seconds")
+    for name, field_ in (("target", "target"), ("tree", "tree"), ("draft", "draft_curve")):
+        d = getattr(costs, field_)
+        if not isinstance(d, dict):
+            raise InvalidType(f"{what}: {field_} is {type(d).__name__}, not a dict {{k: seconds}}")
+        for k, v in d.items():
+            if isinstance(k, bool) or not isinstance(k, int):
+                raise InvalidType(f"{what}: {name} cost k {show_key(k)} is a {type(k).__name__}, not an int")
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise InvalidType(f"{what}: {name} cost at k={k} is {v!r}, not a number of seconds")
+    if bad := costs.problems(free_draft):
+        raise InvalidValue(f"{what} hold unusable values ({bad[0]})")
+    return curve if curve is not None else ContextCosts.fixed(costs)
 
 
 #: the fields of :meth:`Costs.to_dict`

@@ -11,7 +11,7 @@ import torch
 
 from . import methods
 from .calibration import Calibration
-from .costs import ContextCosts, Costs
+from .costs import ContextCosts, Costs, check_given
 from .decoding import Drafter
 from .drafters.token import TokenDrafter
 from .errors import InvalidType, InvalidValue, PacerError
@@ -34,8 +34,8 @@ class MethodFactory:
         self._calibrations: dict[int | None, Calibration] = {}
         #: costs given to the constructor or a profile's (every vocabulary's), as one shape, and where they came from
         self._given: tuple[ContextCosts, str] | None = None
-        if costs is not None:
-            self._given = (costs if isinstance(costs, ContextCosts) else ContextCosts.fixed(costs), "given")
+        if costs is not None:  # checked as a profile is (use_profile)
+            self._given = (check_given(costs, free_draft=pair.draft_info is None), "given")
         self._cost_memory: dict[str, CostMemory] = {}
         self._pricers: dict[tuple, CostPricer] = {}
         self._draft_rows: dict[int | str, torch.Tensor | None] = {}
