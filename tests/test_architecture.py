@@ -294,7 +294,7 @@ def test_no_module_imports_a_private_name_of_another():
 #: benchmark, the collection and training jobs, the vLLM integration); every other module works on
 #: a :class:`pacer.pair.Pair` and never refers to the ``Decoder``
 ABOVE_API = ("pacer", "pacer.__main__", "pacer.api", "pacer.args", "pacer.cli", "pacer.bench", "pacer.serve",
-             "pacer.integrations", "pacer.preverify.cli", "pacer.preverify.collect")
+             "pacer.integrations", "pacer.preverify_cli", "pacer.preverify.collect")
 #: where backend names may be compared: the backend records themselves
 RECORDS = "pacer.backends"
 

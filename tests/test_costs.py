@@ -12,8 +12,8 @@ from pacer import Decoder, machine, timing
 from pacer import calibration as cal_mod
 from pacer.costs import Costs
 from pacer.policies import DraftState, FixedPolicy, RoundResult
-from pacer.policies.cost_aware import CostAwarePolicy, CostMemory, SurvivalCalibrator, catch_up_pays, gain_pays
-from pacer.pricing import UNPRICED
+from pacer.policies.cost_aware import CostAwarePolicy
+from pacer.pricing import UNPRICED, CostMemory, SurvivalCalibrator, catch_up_pays, gain_pays
 from pacer.tiny import tiny_pair
 
 PROMPTS = ["hello world, this is", "def f(x):\n    return"]
@@ -724,14 +724,14 @@ def best_fixed(costs: Costs, alpha: float, max_draft: int = 16) -> tuple[int, fl
 @pytest.mark.parametrize("alpha", [0.5, 0.75, 0.9])
 def test_the_rules_prediction_is_the_best_length_at_a_constant_acceptance(costs, alpha):
     """Token by token, the rule stops where the best constant length does (a geometric acceptance has one peak)."""
-    from pacer.policies.cost_aware import predicted_round
+    from pacer.pricing import predicted_round
 
     n, speedup = predicted_round(costs, alpha)
     assert speedup == pytest.approx(best_fixed(costs, alpha)[1]) == pytest.approx(fixed(costs, alpha, n))
 
 
 def test_the_prediction_on_flat_and_steep_curves():
-    from pacer.policies.cost_aware import predicted_round
+    from pacer.pricing import predicted_round
 
     assert predicted_round(LINEAR) == (0, 1.0)  # every round a plain decoding step
     n, speedup = predicted_round(FLAT)
@@ -741,8 +741,8 @@ def test_the_prediction_on_flat_and_steep_curves():
 def test_the_typical_acceptance_is_the_default_pairs():
     """The shipped layer's validation report: a constant acceptance of ``TYPICAL_ACCEPTANCE`` gives what its best
     fixed draft length yields a round on its held-out rounds."""
-    from pacer.policies.cost_aware import TYPICAL_ACCEPTANCE
     from pacer.policies.learned import default_checkpoint
+    from pacer.pricing import TYPICAL_ACCEPTANCE
 
     cfg = json.loads((default_checkpoint("pacer") / "config.json").read_text())
     costs, v = Costs.from_dict(cfg["costs"]), cfg["validation"]
@@ -752,7 +752,7 @@ def test_the_typical_acceptance_is_the_default_pairs():
 
 
 def test_the_regime_line_says_what_to_expect_from_the_measured_curve():
-    from pacer.policies.cost_aware import TYPICAL_ACCEPTANCE
+    from pacer.pricing import TYPICAL_ACCEPTANCE
 
     flat = cal_mod.regime(FLAT, "transformers", "bfloat16")
     n, speedup = best_fixed(FLAT, TYPICAL_ACCEPTANCE)

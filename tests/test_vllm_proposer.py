@@ -31,8 +31,7 @@ from pacer.integrations.vllm import (
     prefix_keys,
     survival,
 )
-from pacer.policies.cost_aware import CostMemory, gain_pays
-from pacer.pricing import batch_lengths
+from pacer.pricing import CostMemory, batch_lengths, gain_pays
 from pacer.profiles import Profile
 
 #: verification nearly free / growing like k (a CPU: nothing pays) / in between

@@ -64,7 +64,8 @@ class Decoder:
     draft_backend, encode, decode = (_of("pair", n) for n in ("draft_backend", "encode", "decode"))
     draft_vocab, progress, calibration = (_of("methods", n) for n in ("draft_vocab", "progress", "calibration"))
     use_profile, draft_rows = _of("methods", "use_profile"), _of("methods", "draft_rows")
-    make_policy, make_drafter, make_pricer = (_of("methods", n) for n in ("make_policy", "make_drafter", "make_pricer"))
+    make_policy, make_drafter, make_pricer, pricer_of = (_of("methods", n) for n in ("make_policy", "make_drafter",
+                                                                                       "make_pricer", "pricer_of"))
 
     @classmethod
     def from_pretrained(cls, target: str = "default-target", draft: str | None = "default-draft",
@@ -113,7 +114,8 @@ class Decoder:
         is on unless ``gamma`` or a threshold is given); ``max_new_tokens``: 128 by default; ``sampling``: a
         :class:`SamplingConfig` (temperature, top-k, top-p, seed and ``verify``, how a sampled round's draft is
         verified: ``"token"`` or ``"block"``), ``None`` greedy. ``policy`` /
-        ``drafter`` / ``pricer`` (:mod:`pacer.pricing`): use these instead of the method's. ``reference`` (the
+        ``drafter`` / ``pricer`` (:mod:`pacer.pricing`; a policy not built by :meth:`make_policy` is unpriced unless
+        its pricer is given): use these instead of the method's. ``reference`` (the
         target's greedy output for this prompt)
         spares a policy that ``needs_reference`` (the oracle) its own plain-decoding run. See
         :class:`GenerationStats`. ``stop``: a stop string or a list of them (one string is one stop string; an
@@ -142,7 +144,7 @@ class Decoder:
                 drafter = drafter or self.make_drafter(req)
                 rows, verify = drafter.vocab_rows(), "token" if sampling.greedy else sampling.verify
                 policy = policy or self.make_policy(req, rows, verify)
-                pricer = pricer or self.make_pricer(req, rows, verify, policy)  # the cost rule's, where it has one
+                pricer = pricer or self.pricer_of(policy)  # the cost rule's, where the factory built one
                 policy.prepare(sampling.greedy)
                 if policy.needs_reference:
                     if reference is None:

@@ -450,11 +450,11 @@ PAYS = 1.1
 
 def regime(costs: Costs, backend: str, weights: str = "") -> str:
     """One line: which regime this machine is in for ``backend`` (its ``weights``, as measured) and what to expect
-    of pacer there: the cost rule's own prediction (:func:`pacer.policies.cost_aware.predicted_round`) at a typical
+    of pacer there: the cost rule's own prediction (:func:`pacer.pricing.predicted_round`) at a typical
     acceptance, from the measured curve. Where drafting does not pay, the backend's anchor (its record's: the
     backend whose plain decoding of the same model file is the user's fastest plain path) is named."""
     from . import backends
-    from .policies.cost_aware import TYPICAL_ACCEPTANCE, predicted_round
+    from .pricing import TYPICAL_ACCEPTANCE, predicted_round
 
     runs = f"{backend} {weights}".strip()
     g = costs.verification_growth(8)

@@ -5,6 +5,7 @@ machine's profile), the draft vocabularies it has resolved, and what the cost-aw
 from __future__ import annotations
 
 import sys
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -38,6 +39,8 @@ class MethodFactory:
             self._given = (check_given(costs, free_draft=pair.draft_info is None), "given")
         self._cost_memory: dict[str, CostMemory] = {}
         self._pricers: dict[tuple, CostPricer] = {}
+        #: the pricer of each policy :meth:`make_policy` built (:meth:`pricer_of`)
+        self._pricer_of: weakref.WeakKeyDictionary[DraftPolicy, Pricer] = weakref.WeakKeyDictionary()
         self._draft_rows: dict[int | str, torch.Tensor | None] = {}
 
     def calibration(self, rows: torch.Tensor | None = None, refresh: bool = False) -> Calibration:
@@ -128,7 +131,18 @@ class MethodFactory:
         policy = req.record.policy(methods.Build(self.pair, req.policy_options, req.bounds, req.gamma, aware, rows))
         if not aware and not (req.cost_aware is None and req.record.extras):
             return policy
-        return CostAwarePolicy(policy, self.make_pricer(req, rows, verify, policy), length=aware)
+        pricer = self.make_pricer(req, rows, verify, policy)
+        policy = CostAwarePolicy(policy, pricer, length=aware)
+        self._pricer_of[policy] = pricer
+        return policy
+
+    def pricer_of(self, policy: DraftPolicy) -> Pricer:
+        """The pricer of a policy :meth:`make_policy` built (its cost rule's); :data:`~pacer.pricing.UNPRICED` for
+        any other (a literal rule, a policy built elsewhere: give its pricer beside it)."""
+        try:
+            return self._pricer_of.get(policy, UNPRICED)
+        except TypeError:  # an unhashable policy (a dataclass, say): not one built here
+            return UNPRICED
 
     def make_pricer(self, method: str | MethodRequest, rows: torch.Tensor | None = None, verify: str = "token",
                     policy: DraftPolicy | None = None, **settings) -> Pricer:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..policies.base import DraftState
+from ..rounds import DraftState
 from ..sampling import argmax
 from .backend import Tree
 

@@ -23,7 +23,7 @@ sees token ids only: no request ids, no hidden states, no sampling settings, no 
   extend (:class:`RowMemory`). Identical prefixes in two rows get two states; states not seen for ``max_idle`` calls
   are dropped (the request ended or was preempted for long).
 * *Acceptance is learned per request*: the tokens a row committed tell how many of its last draft were accepted
-  (:func:`observed_acceptance`); they update the row's :class:`pacer.policies.cost_aware.CostMemory` (its survival
+  (:func:`observed_acceptance`); they update the row's :class:`pacer.pricing.CostMemory` (its survival
   calibrator).
 * *Drafts* are prompt lookup, as pacer's ``lookup`` method (:mod:`pacer.methods.lookup`): continuations of the
   longest matching n-gram in a :class:`pacer.drafters.phrase.PhrasePool` of the request's prompt and output, each

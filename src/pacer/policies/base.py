@@ -13,9 +13,6 @@ from __future__ import annotations
 from ..errors import PacerError
 from ..rounds import DRAFT_FEATURES, DraftState, RoundResult
 
-#: the round's data, where the policies' readers look for it (defined in :mod:`pacer.rounds`)
-__all__ = ["DRAFT_FEATURES", "DraftPolicy", "DraftState", "RoundResult"]
-
 
 class DraftPolicy:
     """Base class. Subclasses override :meth:`should_continue` and optionally :meth:`update` / :meth:`reset`,

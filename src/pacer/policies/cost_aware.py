@@ -30,20 +30,9 @@ import math
 from dataclasses import dataclass, field
 
 from ..costs import Costs
-from ..pricing import (
-    TYPICAL_ACCEPTANCE,
-    CostMemory,
-    CostPricer,
-    SurvivalCalibrator,
-    catch_up_pays,
-    gain_pays,
-    predicted_round,
-)
-from .base import DraftPolicy, DraftState, RoundResult
-
-#: the rule's arithmetic, where the rule's readers look for it (defined in :mod:`pacer.pricing`)
-__all__ = ["TYPICAL_ACCEPTANCE", "CostAwarePolicy", "CostMemory", "CostReport", "SurvivalCalibrator",
-           "catch_up_pays", "gain_pays", "predicted_round"]
+from ..pricing import CostMemory, CostPricer, SurvivalCalibrator
+from ..rounds import DraftState, RoundResult
+from .base import DraftPolicy
 
 
 @dataclass
