@@ -58,7 +58,8 @@ from pacer.decoding.meter import DRAFT, TARGET, Call, metered
 from pacer.decoding.stats import GenerationStats
 from pacer.drafters.token import TokenDrafter
 from pacer.policies import DraftPolicy, FixedPolicy, OraclePolicy
-from pacer.policies.cost_aware import CostAwarePolicy, CostMemory
+from pacer.policies.cost_aware import CostAwarePolicy
+from pacer.pricing import CostMemory
 from pacer.sampling import SamplingConfig
 
 KS = (1, 2, 4, 8, 16, 32)

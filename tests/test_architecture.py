@@ -294,7 +294,7 @@ def test_no_module_imports_a_private_name_of_another():
 #: benchmark, the collection and training jobs, the vLLM integration); every other module works on
 #: a :class:`pacer.pair.Pair` and never refers to the ``Decoder``
 ABOVE_API = ("pacer", "pacer.__main__", "pacer.api", "pacer.args", "pacer.cli", "pacer.bench", "pacer.serve",
-             "pacer.integrations", "pacer.preverify.cli", "pacer.preverify.collect")
+             "pacer.integrations", "pacer.preverify_cli", "pacer.preverify.collect")
 #: where backend names may be compared: the backend records themselves
 RECORDS = "pacer.backends"
 
@@ -520,6 +520,29 @@ def _methods(path: Path, name: str) -> set[str]:
     return {n.name for n in cls.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("__")}
 
 
+def _cost_names(path: Path, name: str) -> set[str]:
+    """The names a class declares (methods, attributes, annotated attributes) that speak of costs or pricing."""
+    cls = next(n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == name)
+    names = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
+    names |= {t.id for n in cls.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    names |= {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    return {n for n in names if re.search(r"pric|cost", n, re.I)}
+
+
+def test_draft_policy_has_nothing_about_costs(tmp_path):
+    """The pricer is no passenger of the length policy: the factory builds it and the loop receives it as its own
+    argument; ``DraftPolicy`` declares no method or attribute about costs (a ``pricer`` on it fails here)."""
+    assert not _cost_names(SRC / ROOT / "policies" / "base.py", "DraftPolicy")
+    planted = tmp_path / "base.py"
+    planted.write_text("class DraftPolicy:\n    pricer: object = None\n    def cost_report(self): ...\n")
+    assert _cost_names(planted, "DraftPolicy") == {"pricer", "cost_report"}
+    import inspect
+
+    from pacer.decoding import speculative_generate
+
+    assert "pricer" in inspect.signature(speculative_generate).parameters
+
+
 def test_draft_policy_decides_lengths_and_prices_nothing():
     """``DraftPolicy`` keeps what decides a length; a pricing call (``branch_room``, ``draft_rate`` ...) added to it
     fails here: it belongs to :class:`pacer.pricing.Pricer`."""
@@ -545,6 +568,50 @@ def test_only_the_pricer_reads_a_cost_curve_where_rounds_are_decided(tmp_path):
     planted.write_text("def pays(costs, n):\n    return costs.target_cost(n + 1) < 2 * costs.target_cost(1)\n")
     assert _cost_reads(planted) == {"target_cost"}
     assert _cost_reads(SRC / ROOT / "pricing.py") >= {"target_cost", "tree_cost", "draft_cost", "draft_prefill"}
+
+
+#: the modules that may read a cost curve: the pricer and the costs' own arithmetic; beside them only the cost
+#: sources and displays: a profile (its own curves carry the same names), the calibration (what it measured: its
+#: plot and its one-line regime) and the command line's calibrate table
+COST_HOMES = {f"{ROOT}.pricing", f"{ROOT}.costs"}
+COST_SOURCES = {f"{ROOT}.profiles", f"{ROOT}.calibration", f"{ROOT}.cli"}
+
+
+def test_no_module_outside_the_pricer_reads_a_cost_curve(tmp_path):
+    """Every module that decides or prices anything (policies, drafters, the loop, the factory, the API, the vLLM
+    proposer, the training wing's validation) asks :mod:`pacer.pricing`; a planted read in any of them fails."""
+    mods = modules()
+    assert {f"{ROOT}.integrations.vllm", f"{ROOT}.preverify.validation", f"{ROOT}.factory"} <= set(mods)
+    found = {m: sorted(r) for m, p in mods.items()
+             if m not in COST_HOMES | COST_SOURCES and (r := _cost_reads(p))}
+    assert not found, f"these read cost curves outside pacer.pricing: {found}"
+    planted = tmp_path / "vllm.py"
+    planted.write_text("def allocate(costs, n):\n    return costs.policy_per_check * n\n")
+    assert _cost_reads(planted) == {"policy_per_check"}
+
+
+def _round_time_functions(path: Path) -> set[str]:
+    """The functions of a module that write a round's drafting time ``c_d + c_p`` (or ``n c_d + k c_p``)."""
+    out = set()
+    for fn in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for n in ast.walk(fn):
+            if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add):
+                attrs = {a.attr for side in (n.left, n.right) for a in ast.walk(side) if isinstance(a, ast.Attribute)}
+                if {"draft", "policy_per_check"} <= attrs:
+                    out.add(fn.name)
+    return out
+
+
+def test_the_round_time_is_written_in_one_function(tmp_path):
+    """``T_n = n (c_d + c_p) + c_t(n + 1)`` is :func:`pacer.pricing.round_seconds`, on one token's ``c_d + c_p``
+    (:func:`pacer.pricing.token_seconds`); every other reader calls them."""
+    found = {f"{m}.{f}" for m, p in modules().items() for f in _round_time_functions(p)}
+    assert found == {f"{ROOT}.pricing.round_seconds", f"{ROOT}.pricing.token_seconds"}, found
+    planted = tmp_path / "rule.py"
+    planted.write_text("def T(c, n):\n    return n * (c.draft + c.policy_per_check) + c.target_cost(n + 1)\n")
+    assert _round_time_functions(planted) == {"T"}
 
 
 def test_drafters_and_the_pricer_have_no_class_longer_than_two_screens():

@@ -385,7 +385,7 @@ def test_branches_are_not_scored_under_sampling(close, monkeypatch):
 
 
 def test_cost_rule_learns_the_acceptance_of_the_rule_in_use():
-    """The cost-aware rule's memory (:class:`~pacer.policies.cost_aware.CostMemory`) counts, per draft position,
+    """The cost-aware rule's memory (:class:`~pacer.pricing.CostMemory`) counts, per draft position,
     the rounds that reached it and those that kept it, from the accepted count the loop reports: under block
     verification exactly block's ``τ`` of each round (``GenerationStats``), so its ``α_i`` and survival are
     block's. A sampled generation learns from the initial memory (a seeded sample is reproducible:

@@ -12,7 +12,8 @@ from pacer import Decoder, machine, timing
 from pacer import calibration as cal_mod
 from pacer.costs import Costs
 from pacer.policies import DraftState, FixedPolicy, RoundResult
-from pacer.policies.cost_aware import CostAwarePolicy, CostMemory, SurvivalCalibrator, catch_up_pays, gain_pays
+from pacer.policies.cost_aware import CostAwarePolicy
+from pacer.pricing import UNPRICED, CostMemory, SurvivalCalibrator, catch_up_pays, gain_pays
 from pacer.tiny import tiny_pair
 
 PROMPTS = ["hello world, this is", "def f(x):\n    return"]
@@ -204,10 +205,10 @@ def test_learned_policies_draft_nothing_on_proportional_costs():
         pol = random_policy(kind, block=1, hidden=dec.draft_info.model.config.hidden_size)
         pol.threshold, pol.min_draft = None, 0
         gate = CostAwarePolicy(pol, LINEAR, refine=0.0)
-        res = dec.generate(PROMPTS[0], kind, max_new_tokens=20, policy=gate)
+        res = dec.generate(PROMPTS[0], kind, max_new_tokens=20, policy=gate, pricer=gate.pricer)
         assert res.token_ids == ar.token_ids and res.stats.draft_tokens == 0
         cheap = CostAwarePolicy(pol, Costs(1e-4, {1: 1.0, 64: 1.0}), refine=0.0)
-        res = dec.generate(PROMPTS[0], kind, max_new_tokens=20, policy=cheap)
+        res = dec.generate(PROMPTS[0], kind, max_new_tokens=20, policy=cheap, pricer=cheap.pricer)
         assert res.token_ids == ar.token_ids and res.stats.draft_tokens > 0
 
 
@@ -222,7 +223,8 @@ def test_the_layer_reads_each_drafted_token_once_a_round_the_rules_update_includ
     pol = random_policy("pacer", block=1, hidden=dec.draft_info.model.config.hidden_size)
     pol.threshold, pol.min_draft = None, 0
     rows = rows_fed(pol)
-    res = dec.generate(PROMPTS[0], "pacer", max_new_tokens=20, policy=CostAwarePolicy(pol, cheap, refine=0.0))
+    res = dec.generate(PROMPTS[0], "pacer", max_new_tokens=20,
+        policy=(rule := CostAwarePolicy(pol, cheap, refine=0.0)), pricer=rule.pricer)
     assert res.stats.draft_tokens > 3
     assert sum(rows) == res.stats.draft_tokens  # each drafted token read once, none re-read
 
@@ -472,14 +474,14 @@ def test_candidate_branches_pay_like_draft_tokens():
     assert pol.pricer.branch_room(0) >= 8
     pol.memory.pool_update(1000, 0)
     assert pol.pricer.branch_room(0) == 0  # ... its own does
-    assert FixedPolicy(gamma=4).pricer.branch_room(0) == 0  # no cost model: none where nothing was drafted
+    assert UNPRICED.branch_room(0) == 0  # no cost model: none where nothing was drafted
     assert room(FLAT) >= 8  # FLAT: c_t(17) is 1.1 c_t(1)
     assert room(FLAT, yield_=0.0) == 0  # branches that never yield stop being scored
     dear_tree = Costs(FLAT.draft, FLAT.target, tree={k: 2 * FLAT.target_cost(k) for k in (2, 4, 8, 17)})
     assert room(dear_tree) == 0  # a masked forward taking a kernel twice as dear
     steep_after_8 = Costs(0.03, {1: 0.3, 2: 0.3, 8: 0.31, 9: 0.6, 17: 1.2})
     assert 1 <= room(steep_after_8) <= 8 - 4  # only up to the end of the flat part (k = 4 + b <= 8)
-    assert FixedPolicy(gamma=4).pricer.branch_room(3) > 1000  # no cost model: unbounded
+    assert UNPRICED.branch_room(3) > 1000  # no cost model: unbounded
     d = Draft([1, 2], None, DraftState(), branches=[[3, 4, 5], [6, 7, 8]])
     ids, tree = d.tree_inputs([0], room=3, total=4)
     assert d.branches == [[3, 4, 5], [6]] and ids == [0, 1, 2, 3, 4, 5, 6]
@@ -519,7 +521,7 @@ def test_sibling_branches_pay_like_draft_tokens():
     assert chosen(steep_after_4, [0.5, 0.5, 0.5]) == []  # k = 4 already: one more token costs half a forward
     # no cost model: every position, likeliest first by the draft's own survival
     st = DraftState(tokens=[1, 2, 3], prob=[0.9, 0.5, 0.99])
-    assert FixedPolicy(gamma=4).pricer.sibling_room(st, [0.5, 0.5, 0.0]) == [1, 0]
+    assert UNPRICED.sibling_room(st, [0.5, 0.5, 0.0]) == [1, 0]
 
 
 def test_what_the_rule_learns_carries_over_to_the_next_generation():
@@ -649,7 +651,7 @@ def test_phrases_pay_like_draft_tokens():
     assert pol.pricer.phrase_room(1, [0.1] * 6) == 0  # the draft rarely agrees: the longer forward does not pay
     flat = CostAwarePolicy(FixedPolicy(gamma=4), Costs(0.036, {1: 0.25, 8: 0.26}))  # no draft curve: c_d at any k
     assert flat.pricer.phrase_room(1, [0.1] * 6) == 6
-    assert FixedPolicy(gamma=4).pricer.phrase_room(1, [0.01] * 5) == 5
+    assert UNPRICED.phrase_room(1, [0.01] * 5) == 5
     assert Costs.from_dict(steep.to_dict()).draft_cost(3) == pytest.approx(0.044)
 
 
@@ -722,14 +724,14 @@ def best_fixed(costs: Costs, alpha: float, max_draft: int = 16) -> tuple[int, fl
 @pytest.mark.parametrize("alpha", [0.5, 0.75, 0.9])
 def test_the_rules_prediction_is_the_best_length_at_a_constant_acceptance(costs, alpha):
     """Token by token, the rule stops where the best constant length does (a geometric acceptance has one peak)."""
-    from pacer.policies.cost_aware import predicted_round
+    from pacer.pricing import predicted_round
 
     n, speedup = predicted_round(costs, alpha)
     assert speedup == pytest.approx(best_fixed(costs, alpha)[1]) == pytest.approx(fixed(costs, alpha, n))
 
 
 def test_the_prediction_on_flat_and_steep_curves():
-    from pacer.policies.cost_aware import predicted_round
+    from pacer.pricing import predicted_round
 
     assert predicted_round(LINEAR) == (0, 1.0)  # every round a plain decoding step
     n, speedup = predicted_round(FLAT)
@@ -739,8 +741,8 @@ def test_the_prediction_on_flat_and_steep_curves():
 def test_the_typical_acceptance_is_the_default_pairs():
     """The shipped layer's validation report: a constant acceptance of ``TYPICAL_ACCEPTANCE`` gives what its best
     fixed draft length yields a round on its held-out rounds."""
-    from pacer.policies.cost_aware import TYPICAL_ACCEPTANCE
     from pacer.policies.learned import default_checkpoint
+    from pacer.pricing import TYPICAL_ACCEPTANCE
 
     cfg = json.loads((default_checkpoint("pacer") / "config.json").read_text())
     costs, v = Costs.from_dict(cfg["costs"]), cfg["validation"]
@@ -750,7 +752,7 @@ def test_the_typical_acceptance_is_the_default_pairs():
 
 
 def test_the_regime_line_says_what_to_expect_from_the_measured_curve():
-    from pacer.policies.cost_aware import TYPICAL_ACCEPTANCE
+    from pacer.pricing import TYPICAL_ACCEPTANCE
 
     flat = cal_mod.regime(FLAT, "transformers", "bfloat16")
     n, speedup = best_fixed(FLAT, TYPICAL_ACCEPTANCE)

@@ -363,7 +363,8 @@ def test_gpu_check_replays_traces_through_the_real_loop(tmp_path, monkeypatch):
     o, o_ar = gc.overheads(over)
     assert (o(0), o(1), o(4), o_ar) == pytest.approx((0.2, 0.5, 0.8, 0.2))
     # where no draft pays, the cost-aware rule decodes plainly through the loop: exactly plain decoding's time
-    from pacer.policies.cost_aware import CostAwarePolicy, CostMemory
+    from pacer.policies.cost_aware import CostAwarePolicy
+    from pacer.pricing import CostMemory
 
     steep = Costs(0.3, {1: 1.0, 2: 2.0, 4: 4.0})
     memory = CostMemory()

@@ -169,8 +169,8 @@ def test_nothing_pays_under_a_linear_curve_so_the_cost_rule_runs_plain_rounds_wi
     t, d = _pair()
     dr = PhraseDrafter(d, t.vocab_size, PhraseOptions(warm_start=False, candidates=3))
     stats = GenerationStats()
-    speculative_generate(t, dr, CostAwarePolicy(FixedPolicy(gamma=4, min_draft=0), linear, refine=0.0), PROMPT,
-                         Output(16, set()), SamplingConfig(), stats)
+    rule = CostAwarePolicy(FixedPolicy(gamma=4, min_draft=0), linear, refine=0.0)
+    speculative_generate(t, dr, rule, PROMPT, Output(16, set()), SamplingConfig(), stats, rule.pricer)
     assert stats.draft_forwards == 0 and not any(c.tree or c.role == DRAFT for c in stats.calls)
 
 
@@ -221,7 +221,7 @@ def _pool_round(costs: Costs):
     dr = PhraseDrafter(d, t.vocab_size, PhraseOptions(warm_start=False, candidates=1, sources="prompt,output"))
     stats = GenerationStats()
     pol = CostAwarePolicy(Never(), costs, refine=0.0)
-    ids = speculative_generate(t, dr, pol, PROMPT, Output(24, set()), SamplingConfig(), stats)
+    ids = speculative_generate(t, dr, pol, PROMPT, Output(24, set()), SamplingConfig(), stats, pol.pricer)
     return ids, stats, dr, d
 
 

@@ -290,10 +290,10 @@ def test_load_saved_tiny_folder(saved_pair):
     assert lm.dtype == torch.float32 and lm.vocab_size == 259 and not lm.model.training
     assert lm.tokenizer.encode("héllo") == ref.tokenizer.encode("héllo")
     assert lm.source == str(target_dir) and lm.fingerprint == models.folder_fingerprint(target_dir)
-    assert models.eos_ids(lm) >= {258}
+    assert lm.end_ids() >= {258}
     bf = load_model(str(target_dir), "bfloat16")
     assert next(bf.model.parameters()).dtype == torch.bfloat16
-    d = models.describe(lm)
+    d = lm.describe()
     assert d["layers"] == 2 and d["hidden"] == 64 and d["dtype"] == "float32"
 
 

@@ -130,7 +130,8 @@ def test_phrase_agreement_is_learnt_per_kind_of_entry(pairs):
             d3.pool.learn_agreement(4, agreed, ("prompt", 2))
             d3.pool.learn_agreement(4, 4 - agreed, ("output", 2))
         res = dec.generate(ids, "ouroboros", max_new_tokens=30, drafter=d3,
-                           policy=CostAwarePolicy(FixedPolicy(gamma=8), linear, length=False))
+                           policy=(rule := CostAwarePolicy(FixedPolicy(gamma=8), linear, length=False)),
+                           pricer=rule.pricer)
         assert res.token_ids == ar
         assert (res.extra["drafter"]["phrase_tokens"] > 0) == checks
 

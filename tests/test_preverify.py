@@ -847,7 +847,7 @@ def test_train_cli_sets_the_bottleneck_rank_the_class_weighting_and_the_context(
 
 
 def test_train_takes_a_cost_profile_for_its_thresholds(tmp_path):
-    from pacer.preverify.cli import read_costs
+    from pacer.preverify_cli import read_costs
     from pacer.profiles import Profile
 
     shipped = Path(__file__).resolve().parents[1] / "docs" / "profiles" / "zen4-avx512bf16-transformers-bf16.json"

@@ -45,7 +45,7 @@ def brute_force(prompt_len: int, tokens: int, sources: list[Source], costs: Cont
     agrees that far and the round ends within the continuation."""
     if i == tokens:
         return 0.0
-    c = costs.at(prompt_len + i)
+    c = costs.costs(prompt_len + i)
     best = c.target_cost(1) + brute_force(prompt_len, tokens, sources, costs, i + 1)
     for s in sources:
         for n in range(1, tokens - i):
@@ -74,10 +74,10 @@ def test_the_oracle_equals_a_brute_force_search_on_small_cases(seed):
     total, i = 0.0, 0
     for pos, name, n in path.rounds:
         assert pos == i and (name == PLAIN and n == 0 or 1 <= n <= agree[name].agree[i]) and i + n + 1 <= tokens
-        total += round_time(costs.at(prompt_len + i), n, name != PLAIN and agree[name].free)
+        total += round_time(costs.costs(prompt_len + i), n, name != PLAIN and agree[name].free)
         i += n + 1
     assert i == tokens and total == pytest.approx(path.seconds, rel=1e-12)
-    assert path.plain_seconds == pytest.approx(sum(costs.at(prompt_len + j).target_cost(1) for j in range(tokens)))
+    assert path.plain_seconds == pytest.approx(sum(costs.costs(prompt_len + j).target_cost(1) for j in range(tokens)))
     assert path.seconds <= path.plain_seconds * (1 + 1e-12)
 
 
@@ -150,7 +150,7 @@ def test_pacer_bench_reports_each_method_as_a_fraction_of_the_oracle(tmp_path):
                                                           c["accept_lengths_per_turn"], strict=True)):
             row = rows[(rec["question_id"], t)]
             assert row["tokens"] == len(ids) and all(len(v) == len(ids) for v in row["lengths"].values())
-            plain = sum(costs.at(row["prompt_tokens"] + j).target_cost(1) for j in range(len(ids)))
+            plain = sum(costs.costs(row["prompt_tokens"] + j).target_cost(1) for j in range(len(ids)))
             assert row["sets"][name]["plain_seconds"] == pytest.approx(plain, rel=1e-12)
             took = replay_seconds(row["prompt_tokens"], len(ids), drafted, committed, costs, name == "lookup")
             assert row["sets"][name]["seconds"] <= took * (1 + 1e-9), (rec["method"], t)

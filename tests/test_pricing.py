@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from pacer.costs import Costs
+from pacer import Decoder
+from pacer.costs import ContextCosts, Costs
 from pacer.drafters.branches import LOOKUP
 from pacer.drafters.phrase import PhraseDrafter, PhraseOptions
 from pacer.drafters.sources import SourceEvidence
+from pacer.errors import PacerError
 from pacer.policies import DraftPolicy, DraftState, FixedPolicy, RoundResult
 from pacer.policies.cost_aware import CostAwarePolicy
 from pacer.pricing import CostMemory, CostPricer
+from pacer.tiny import tiny_pair
 
 #: a curve whose scored tokens cost something (so that c_t(g) and c_t(g + 1) differ everywhere)
 CURVE = Costs(draft=0.1, target={1: 1.0, 2: 1.3, 4: 1.9, 8: 3.1, 16: 5.5}, draft_prefill=0.01)
@@ -88,7 +91,8 @@ def test_the_cost_rule_passes_the_prefills_token_to_the_policy_it_wraps(pairs):
     assert inner.prefill == 1
     dec = pairs["close"]
     inner = Counting()
-    dec.generate("hello world", "sd", max_new_tokens=5, policy=CostAwarePolicy(inner, CURVE, refine=0.0))
+    dec.generate("hello world", "sd", max_new_tokens=5,
+        policy=(rule := CostAwarePolicy(inner, CURVE, refine=0.0)), pricer=rule.pricer)
     assert inner.prefill == 1
     ref = dec.generate("hello world", "ar", max_new_tokens=12).token_ids
     res = dec.generate("hello world", "oracle", max_new_tokens=12, reference=ref)
@@ -182,10 +186,10 @@ def test_the_rule_prices_a_round_at_the_context_it_runs_at():
 
     rule = CostAwarePolicy(FixedPolicy(gamma=8, min_draft=0), ContextCosts(steepening), refine=0.0)
     state = DraftState(remaining=100)
-    rule.pricer.at(32)
+    rule.pricer.set_context(32)
     assert rule.should_continue(state)
     rule.update(state, RoundResult(drafted=0, accepted=0))
-    rule.pricer.at(1024)
+    rule.pricer.set_context(1024)
     assert not rule.should_continue(state)
     assert rule.pricer.costs.target_cost(2) == pytest.approx(1.9 * rule.pricer.costs.target_cost(1))
     assert rule.costs.target_cost(8) > 6  # what the rule reports: the costs where it decided last
@@ -225,3 +229,47 @@ def test_a_round_that_drafts_nothing_makes_no_draft_forward(pairs):
     assert early and sum(g for g, _ in early) > 0  # drafting pays at a short context
     assert late and all(g == 0 for g, _ in late), late  # not at a long one ...
     assert all(f == 0 for g, f in rounds if g == 0), rounds  # ... and a round drafting nothing runs no draft
+
+
+# --------------------------------------------------------------------------------------- checked given costs
+@pytest.mark.parametrize(("costs", "kind", "says"), [
+    ("fast", TypeError, "must be a pacer.costs.Costs"),
+    (Costs(0.01, {}), ValueError, "no target costs"),
+    (Costs(0.01, {"1": 0.3, "2": 0.31}), TypeError, "target cost k '1'"),
+    (Costs(0.01, {1: "0.3"}), TypeError, "target cost at k=1"),
+    (Costs(0.0, {1: 0.3, 2: 0.31}), ValueError, "draft cost is 0"),
+    (Costs(0.01, {1: 0.0, 2: 0.0}), ValueError, "target cost at k=1 is 0"),
+    (Costs(0.01, {1: float("nan")}), ValueError, "target cost at k=1 is nan"),
+    (Costs(0.01, {1: 0.3}, tree={0: 0.3}), ValueError, "tree cost at k=0"),
+    (ContextCosts(lambda context: Costs(0.01, {})), ValueError, "no target costs"),
+    (ContextCosts(lambda context: "fast"), TypeError, "must be a pacer.costs.Costs"),
+])
+def test_costs_given_in_code_are_checked_as_a_profile_is(pairs, costs, kind, says):
+    """``Decoder(costs=...)`` refuses what it cannot price with in one line naming the problem (as ``use_profile``
+    refuses a profile's), at construction: never a TypeError, IndexError or ZeroDivisionError deep in a round."""
+    with pytest.raises(kind, match=says) as e:
+        Decoder(pairs["close"].pair, costs=costs)
+    assert isinstance(e.value, PacerError) and "\n" not in str(e.value)
+
+
+def test_given_costs_that_are_good_decode():
+    assert Decoder(*tiny_pair("close"), threads=1, costs=CURVE).generate("hello", "sd", max_new_tokens=4).token_ids
+
+
+def test_predicted_round_is_linear_in_its_bound(monkeypatch):
+    """The rule's prediction extends one round token by token: its work grows like ``max_draft`` (it once summed
+    the round's survivals again at every token: a million-token bound took hours)."""
+    import pacer.pricing as pricing
+
+    summed = []
+
+    def counting_sum(values, start=0):
+        values = list(values)
+        summed.append(len(values))
+        return sum(values, start)
+
+    monkeypatch.setattr(pricing, "sum", counting_sum, raising=False)
+    nearly_flat = Costs(draft=1e-6, target={1: 1.0, 10**7: 1.0 + 1e-9 * (10**7 - 1)})
+    n, speedup = pricing.predicted_round(nearly_flat, alpha=1.0, max_draft=3000)
+    assert n == 3000 and speedup > 100
+    assert sum(summed) <= 4 * 3000, f"{sum(summed)} survivals summed for a bound of 3,000"

@@ -43,7 +43,7 @@ def _vllm_costs(p: Path):
 
 
 def _tune_costs(p: Path):
-    from pacer.preverify.cli import read_costs
+    from pacer.preverify_cli import read_costs
 
     read_costs(str(p))
 

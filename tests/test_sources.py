@@ -8,6 +8,7 @@ from pacer.drafters.phrase import PhraseDrafter, PhraseOptions
 from pacer.drafters.sources import LOOKUP_LEN, LookupIndex, SourceEvidence
 from pacer.policies import FixedPolicy
 from pacer.policies.cost_aware import CostAwarePolicy
+from pacer.pricing import UNPRICED
 
 #: a CPU-like curve: a scored token beyond the first few costs 5% of a forward, a draft token a fifth of one
 CURVE = Costs(draft=0.2, target={1: 1.0, 2: 1.0, 4: 1.05, 8: 1.25, 16: 1.65, 32: 2.45}, draft_prefill=0.01)
@@ -86,7 +87,7 @@ def test_draft_rate_and_phrase_rate_price_the_round():
     for _ in range(8):  # this generation's drafts are rejected: the draft model's rate falls to plain decoding's
         pol.gen_counts[1][1] += 1
     assert pol.draft_rate() < base and pol.gen_alpha(1) < 0.3
-    assert FixedPolicy(gamma=4).pricer.draft_rate() is None  # no cost model: no choice
+    assert UNPRICED.draft_rate() is None  # no cost model: no choice
 
 
 @pytest.mark.parametrize("prompt", FRESH)
@@ -101,7 +102,8 @@ def test_draft_model_is_not_run_where_phrases_pay_and_it_does_not(pairs, prompt)
         d = recorder(dec, choose=choose, candidates=1)
         d.pool.add_sequence(ids + ar, "prompt", partial=True)
         res = dec.generate(ids, "ouroboros", max_new_tokens=40, drafter=d,
-                           policy=CostAwarePolicy(FixedPolicy(gamma=8), CURVE, refine=0.0))
+                           policy=(rule := CostAwarePolicy(FixedPolicy(gamma=8), CURVE, refine=0.0)),
+                           pricer=rule.pricer)
         assert res.token_ids == ar
         later = d.drafts[3:]
         assert later
@@ -130,7 +132,7 @@ def test_phrases_this_text_does_not_take_are_not_verified(pairs, prompt):
         pol.memory.branch_update(400, 200)  # as after generations whose branches paid
         pol.memory.pool_update(400, 200)
         d.choice.evidence.total[("pool", 2)] = [[50, 100] for _ in range(d.choice.evidence.length)]
-        res = dec.generate(ids, "ouroboros", max_new_tokens=40, drafter=d, policy=pol)
+        res = dec.generate(ids, "ouroboros", max_new_tokens=40, drafter=d, policy=pol, pricer=pol.pricer)
         assert res.token_ids == ar
         verified = [sum(len(b) for b in x.branches) for x in d.drafts]
         assert sum(verified[:3]) > 0  # the earlier generations' yield: phrases are tried at first
@@ -171,7 +173,7 @@ def test_every_committed_position_predicts_from_the_text_before_it(pairs):
     predict = ev.predict
     ev.predict = lambda kind, at, phrase: (made.append((kind, at, tuple(phrase))), predict(kind, at, phrase))
     res = dec.generate(prompt, "ouroboros", max_new_tokens=40, drafter=d,
-                       policy=CostAwarePolicy(FixedPolicy(gamma=4), CURVE, refine=0.0))
+                       policy=(rule := CostAwarePolicy(FixedPolicy(gamma=4), CURVE, refine=0.0)), pricer=rule.pricer)
     seq = prompt + res.token_ids
     lookups = {at: (k, p) for (src, k), at, p in made if src == "lookup" and p}
     matched = []

@@ -24,7 +24,6 @@ from pacer.integrations.vllm import (
     PacerProposer,
     RowMemory,
     RowState,
-    allocate,
     load_costs,
     lookup_draft,
     observed_acceptance,
@@ -32,7 +31,7 @@ from pacer.integrations.vllm import (
     prefix_keys,
     survival,
 )
-from pacer.policies.cost_aware import CostMemory, gain_pays
+from pacer.pricing import CostMemory, batch_lengths, gain_pays
 from pacer.profiles import Profile
 
 #: verification nearly free / growing like k (a CPU: nothing pays) / in between
@@ -136,20 +135,20 @@ def test_allocate_is_gain_pays_for_one_row():
         n = 0
         while n < len(S) and gain_pays(S[:n], S[n], costs, spent=0.0, free=True):
             n += 1
-        assert allocate([S], costs) == [n]
-    assert allocate([S], FLAT) == [5]
-    assert allocate([S], LINEAR) == [0]  # verification costs a forward per token: no draft pays
+        assert batch_lengths([S], costs) == [n]
+    assert batch_lengths([S], FLAT) == [5]
+    assert batch_lengths([S], LINEAR) == [0]  # verification costs a forward per token: no draft pays
 
 
 def test_allocate_gives_rows_different_lengths_in_one_step():
     rows = [[0.95, 0.9, 0.85, 0.8], [0.4, 0.2], [], [0.9, 0.3, 0.05]]
-    lengths = allocate(rows, SLOPE)
+    lengths = batch_lengths(rows, SLOPE)
     assert lengths[2] == 0 and len(set(lengths)) > 2
     assert lengths[0] > lengths[1] and lengths[0] >= lengths[3]
-    assert allocate(rows, FLAT) == [4, 2, 0, 3]
-    assert allocate(rows, LINEAR) == [0, 0, 0, 0]
+    assert batch_lengths(rows, FLAT) == [4, 2, 0, 3]
+    assert batch_lengths(rows, LINEAR) == [0, 0, 0, 0]
     # more rows decoding in the forward: each draft token competes with a larger batch's rate
-    assert sum(allocate(rows, SLOPE, decoding=16)) <= sum(lengths)
+    assert sum(batch_lengths(rows, SLOPE, decoding=16)) <= sum(lengths)
 
 
 def test_load_costs():
@@ -223,7 +222,7 @@ def test_a_pacer_profile_is_priced_at_the_batch_context():
     profile, source = load_costs(str(path))
     assert isinstance(profile, Profile) and str(path) in source
     planner = PacerPlanner(4, profile)
-    short, long = planner.costs_at(20), planner.costs_at(2000)  # priced at 32 and 2016 tokens of context
+    short, long = planner.curve.costs(20), planner.curve.costs(2000)  # priced at 32 and 2016 tokens of context
     ref = profile.costs(32).monotone()
     assert [short.target_cost(k) for k in (1, 2, 4, 8, 16)] == pytest.approx([ref.target_cost(k) for k in
                                                                                (1, 2, 4, 8, 16)])
@@ -231,7 +230,7 @@ def test_a_pacer_profile_is_priced_at_the_batch_context():
     assert short.target_cost(64) == pytest.approx(profile.price(Call(TARGET, 64, 32, False, 0.0)))
     assert all(short.target_cost(k) <= short.target_cost(k + 1) for k in range(1, 4096))
     assert long.target_cost(1) != short.target_cost(1)
-    assert planner.costs_at(2000) is long  # cached
+    assert planner.curve.costs(2000) is long  # cached
     # the step logs the context it priced at
     planner.step([(np.arange(40) % 7, [3])])
     assert planner.last.context == 40

@@ -24,6 +24,7 @@ from .methods import DEFAULT_METHOD, resolve_default
 from .methods.default import shipped_layer
 from .pair import LoadSpec, Pair
 from .policies.base import DraftPolicy
+from .pricing import Pricer
 from .prompt import check_prompt_ids, check_stop
 from .request import GenerationRequest, MethodRequest
 from .sampling import SamplingConfig
@@ -65,7 +66,8 @@ class Decoder:
     draft_backend, encode, decode = (_of("pair", n) for n in ("draft_backend", "encode", "decode"))
     draft_vocab, progress, calibration = (_of("methods", n) for n in ("draft_vocab", "progress", "calibration"))
     use_profile, draft_rows = _of("methods", "use_profile"), _of("methods", "draft_rows")
-    make_policy, make_drafter = _of("methods", "make_policy"), _of("methods", "make_drafter")
+    make_policy, make_drafter, make_pricer, pricer_of = (_of("methods", n) for n in ("make_policy", "make_drafter",
+                                                                                       "make_pricer", "pricer_of"))
 
     @classmethod
     def from_pretrained(cls, target: str = "default-target", draft: str | None = "default-draft",
@@ -109,6 +111,7 @@ class Decoder:
         on_tokens: Callable[[list[int]], None] | None = None,
         policy: DraftPolicy | None = None,
         drafter: Drafter | None = None,
+        pricer: Pricer | None = None,
         reference: list[int] | None = None,
         options: Mapping[str, object] | None = None,
         cost_aware: bool | None = None,
@@ -123,7 +126,9 @@ class Decoder:
         is on unless ``gamma`` or a threshold is given); ``max_new_tokens``: 128 by default; ``sampling``: a
         :class:`SamplingConfig` (temperature, top-k, top-p, seed and ``verify``, how a sampled round's draft is
         verified: ``"token"`` or ``"block"``), ``None`` greedy. ``policy`` /
-        ``drafter``: use these instead of the method's. ``reference`` (the target's greedy output for this prompt)
+        ``drafter`` / ``pricer`` (:mod:`pacer.pricing`; a policy not built by :meth:`make_policy` is unpriced unless
+        its pricer is given): use these instead of the method's. ``reference`` (the
+        target's greedy output for this prompt)
         spares a policy that ``needs_reference`` (the oracle) its own plain-decoding run. See
         :class:`GenerationStats`. ``stop``: a stop string or a list of them (one string is one stop string; an
         empty one is refused). Every argument is checked before the models run: a wrong type raises a
@@ -149,14 +154,15 @@ class Decoder:
                 autoregressive_generate(self.target, ids, out, sampling, stats)
             else:
                 drafter = drafter or self.make_drafter(req)
-                policy = policy or self.make_policy(req, drafter.vocab_rows(),
-                                                    "token" if sampling.greedy else sampling.verify)
+                rows, verify = drafter.vocab_rows(), "token" if sampling.greedy else sampling.verify
+                policy = policy or self.make_policy(req, rows, verify)
+                pricer = pricer or self.pricer_of(policy)  # the cost rule's, where the factory built one
                 policy.prepare(sampling.greedy)
                 if policy.needs_reference:
                     if reference is None:
                         reference = self.generate(ids, "ar", max_new_tokens, sampling, stop=stop).token_ids
                     policy.set_reference(drafter.agreement(ids, reference))
-                speculative_generate(self.target, drafter, policy, ids, out, sampling, stats)
+                speculative_generate(self.target, drafter, policy, ids, out, sampling, stats, pricer)
                 drafter.finish()
                 if (rep := drafter.report()) is not None:
                     extra["drafter"] = rep

@@ -1,7 +1,7 @@
 """Command-line arguments shared by the subcommands (``pacer generate``, ``demo``, ``calibrate``, ``bench``,
 ``collect``, ``train``, ``tune``): the model pair, the decoding settings and every method option, read from the
 method registry (:mod:`pacer.methods`) so a registered method's options get their flags here with no other
-change. The subcommands live in :mod:`pacer.cli`, :mod:`pacer.bench.cli` and :mod:`pacer.preverify.cli`."""
+change. The subcommands live in :mod:`pacer.cli`, :mod:`pacer.bench.cli` and :mod:`pacer.preverify_cli`."""
 
 from __future__ import annotations
 

@@ -9,7 +9,14 @@ about ``k`` times one token's, on AVX-512/AMX CPUs it is nearly flat in ``k``. S
   is extrapolated (a 16-token bf16 forward takes seconds on such a CPU, and no draft can pay there anyway);
 * ``c_d`` - one draft token (one new token through the draft, with the drafter's vocabulary);
 * the prefill cost per prompt token of the target, and of the draft (``c_pre``: what a draft model pays to catch up
-  with tokens it has not read, see :func:`pacer.policies.cost_aware.catch_up_pays`).
+  with tokens it has not read, see :func:`pacer.pricing.catch_up_pays`);
+* ``c_tree(k)`` - a target forward over a chain and two branches (Ouroboros' candidates, :data:`TREE_KS`).
+
+All of it at two contexts (:func:`contexts_of`): the short one and one near :data:`LONG_CONTEXT` tokens (within the
+pair's context; there the draft's catch-up is a batch of :data:`CATCH_UP` tokens): a forward after 1,000 cached
+tokens costs more, and grows faster with ``k``, than after 32. :meth:`Calibration.by_context` prices each round at
+its context, linear between the two (:func:`pacer.costs.between`); the pricer's online refinement scales the costs
+at each round's context.
 
 Each point is the median of ``REPS`` forwards after a warm-up, with the cache cropped back between them (on a GPU
 each forward is timed between two ``torch.cuda.synchronize()`` calls, :func:`pacer.timing.timed`, so that it
@@ -25,7 +32,8 @@ plain decoding step) with a note, and writes nothing.
 
 The result is cached in ``$PACER_HOME/calibration/`` under a key of everything it depends on: both models'
 fingerprints and dtypes, the draft vocabulary, the threads, the CPU (model, ISA flags, PyTorch's kernel level and
-the environment switches that change it), the PyTorch version and, for a pair on a GPU, the GPU. A cache file whose
+the environment switches that change it), the PyTorch version, the contexts measured (a cache of one context is
+another key's, never read) and, for a pair on a GPU, the GPU. A cache file whose
 key or checksum does not match, or that cannot be read, is re-measured with a note; it is written atomically
 (:class:`pacer.cache.Store`).
 """
@@ -43,11 +51,19 @@ from pathlib import Path
 import torch
 
 from . import devices, timing
-from .costs import BadField, ContextCosts, Costs, prefill_doubt
+from .costs import BadField, ContextCosts, Costs, between, prefill_doubt, read_count
+from .decoding.backend import Tree
 from .machine import FORMAT, STORE, cpu_identity
 
 #: the draft forwards measured besides one token: a phrase check over k new tokens (Ouroboros)
 DRAFT_KS = (2, 4, 8)
+#: the long context the costs are measured at besides the short one (:data:`pacer.timing.CONTEXT`), within the
+#: pair's context: a forward after 1,000 cached tokens costs more, and grows faster with ``k``, than after 32
+LONG_CONTEXT = 1024
+#: the tree forwards measured (Ouroboros' candidate branches: a chain and two branches, ``Tree.branching``)
+TREE_KS = (4, 8, 16)
+#: the tokens the draft reads in one batch to time its catch-up after a long context
+CATCH_UP = 16
 REPS = 3
 NOISY = 1.5
 #: a curve is treated as growing like ``k`` (and extrapolated) once ``c_t(4) >= LINEAR * c_t(1)``
@@ -74,20 +90,22 @@ class Calibration:
     #: the cache file holding this calibration (``""``: not cached: a home that cannot be written, a noisy one over
     #: a quiet one, interrupted or given)
     cached: str = ""
-    #: the costs at every context, where they were measured at several (a profile's): ``costs`` is the first one
-    curve: ContextCosts | None = None
+    #: the costs at each context measured (cached tokens -> costs): :attr:`costs` is the shortest one's
+    contexts: dict[int, Costs] = field(default_factory=dict)
 
     def by_context(self, policy_per_check: float) -> ContextCosts:
-        """What the pricer prices rounds with, the policy check included: the costs at every context where they
-        were measured at several, else :attr:`costs` at any."""
-        if self.curve is not None:
-            return self.curve.with_check(policy_per_check)
+        """What the pricer prices rounds with, the policy check included: the costs at each round's context,
+        linear between the contexts measured (:func:`pacer.costs.between`), else :attr:`costs` at any."""
+        if len(self.contexts) > 1:
+            contexts = dict(self.contexts)
+            return ContextCosts(lambda context: between(contexts, context), policy_per_check)
         return ContextCosts.fixed(replace(self.costs, policy_per_check=policy_per_check))
 
     def payload(self) -> dict:
         # prefill_warm: timed after a warm-up (a cache without it may hold a cold one), so not checked again by load()
         return {"costs": self.costs.to_dict(), "prefill": self.prefill, "seconds": round(self.seconds, 2),
-                "measured": self.measured, "noisy": self.noisy, "prefill_warm": True}
+                "measured": self.measured, "noisy": self.noisy, "prefill_warm": True,
+                "contexts": {str(c): v.to_dict() for c, v in sorted(self.contexts.items())}}
 
     def verdict(self) -> str:
         """What the target's curve says, in one sentence. Whether drafting pays also depends on the draft's cost:
@@ -126,6 +144,9 @@ def calibration_key(pair, rows: torch.Tensor | None) -> dict:
         "cpu": cpu_identity(),
         "torch": torch.__version__,
         "context": timing.CONTEXT,
+        # the contexts measured: a cache of one context (made before costs were measured by context) is another
+        # key's, never read
+        "contexts": contexts_of(pair.target.context),
     }
     if pair.target.device.type != "cpu":  # (CPU keys stay as they were: their caches stay valid)
         key["device"] = devices.describe(pair.target.device)
@@ -136,11 +157,21 @@ def calibration_key(pair, rows: torch.Tensor | None) -> dict:
     return key
 
 
-def _point(cm, tokens: list[int], base: int, reps: int) -> tuple[float, float, bool]:
-    """(median, slowest, noisy) seconds of ``reps`` forwards of ``tokens`` after ``base`` cached tokens."""
-    times = [timing.timed(cm, tokens, base) for _ in range(reps)]
+def contexts_of(context: int, max_draft: int = 16) -> list[int]:
+    """The contexts a calibration measures for a target of ``context`` positions: the short one and
+    :data:`LONG_CONTEXT`, each leaving room for the longest forward measured (one where the model is too short)."""
+    room = context - max(max_draft + 1, TREE_KS[-1], CATCH_UP) - 2
+    short = max(1, min(timing.CONTEXT, room))
+    return sorted({short, max(short, min(LONG_CONTEXT, room))})
+
+
+def _point(cm, tokens: list[int], base: int, reps: int, tree=None) -> tuple[float, float, bool]:
+    """(median, slowest, noisy) seconds of ``reps`` forwards of ``tokens`` after ``base`` cached tokens (as a
+    ``tree`` where given)."""
+    keep = len(tokens) if tree is not None else 1
+    times = [timing.timed(cm, tokens, base, keep, tree) for _ in range(reps)]
     if max(times) > NOISY * min(times):
-        times += [timing.timed(cm, tokens, base) for _ in range(reps)]
+        times += [timing.timed(cm, tokens, base, keep, tree) for _ in range(reps)]
         times = sorted(times)[: max(reps, len(times) - 2)]  # drop the two slowest (a stray stall)
     return statistics.median(times), max(times), max(times) > NOISY * min(times)
 
@@ -151,8 +182,8 @@ def measure(pair, rows: torch.Tensor | None, max_draft: int = 16, reps: int = RE
     ``k``), ``c_d`` and the prefill cost on the pair's models (see the module docstring)."""
     say = progress or (lambda s: None)
     start = time.perf_counter()
-    ctx = timing.token_ids(pair.vocab)
-    ctx = ctx[: max(1, min(timing.CONTEXT, pair.target.context - max_draft - 2))]
+    contexts = contexts_of(pair.target.context, max_draft)
+    ctx = timing.token_ids(pair.vocab, contexts[0])
     ks = sorted(k for k in {1, 2, 3, 4, 6, 8, 12, max_draft + 1} if k <= max_draft + 1)
     target = pair.target
     target.reset()
@@ -196,15 +227,81 @@ def measure(pair, rows: torch.Tensor | None, max_draft: int = 16, reps: int = RE
                     say(f"draft, {k} tokens")
                     med_k, worst_k, bad = _point(dm, ctx[:k], len(ctx), reps)
                     dcurve[k] = max(worst_k if noisy else med_k, dcurve[1])
+        tree, tree_noisy = _tree(target, pair.vocab, ctx, reps, say, max(med))
+        noisy |= tree_noisy
+        # the same costs after a long context (the rounds of a long prompt or output run there)
+        far: dict[int, Costs] = {}
+        for c in contexts[1:]:
+            far[c], far_noisy = _at_context(pair, target, dm if pair.draft_info is not None else None, c, ks,
+                                            reps, say)
+            noisy |= far_noisy
     target.reset()
     use = worst if noisy else med
-    cal = Calibration(Costs(dworst if noisy else draft, dict(use), draft_prefill=draft_prefill,
-                            draft_curve=dcurve if len(dcurve) > 1 else {}), prefill,
-                      source="measured", noisy=noisy, seconds=time.perf_counter() - start, measured=sorted(use))
+    short = Costs(dworst if noisy else draft, dict(use), draft_prefill=draft_prefill,
+                  tree=tree[1] if noisy else tree[0], draft_curve=dcurve if len(dcurve) > 1 else {})
+    cal = Calibration(short, prefill, source="measured", noisy=noisy, seconds=time.perf_counter() - start,
+                      measured=sorted(use), contexts={contexts[0]: short, **far})
     if noisy:
         cal.notes.append("the machine was too noisy for a stable measurement (forwards spread more than "
                          f"{NOISY}x): this run uses the slowest forward of each point")
     return cal
+
+
+def _tree(target, vocab: int, ctx: list[int], reps: int, say: Callable[[str], None],
+          most: int) -> tuple[tuple[dict, dict], bool]:
+    """``((median, slowest), noisy)``: ``c_tree(k)`` for ``k`` in :data:`TREE_KS` up to ``most`` (the chain's last
+    measured ``k``: where it grows like ``k`` the longer forwards take seconds; the first at least), a chain and two
+    branches, after the ``ctx`` tokens ``target`` holds."""
+    med: dict[int, float] = {}
+    worst: dict[int, float] = {}
+    noisy = False
+    for k in [k for k in TREE_KS if k <= most] or TREE_KS[:1]:
+        say(f"target tree, {k} tokens")
+        med[k], worst[k], bad = _point(target, timing.token_ids(vocab, k, len(ctx)), len(ctx), reps,
+                                       Tree.branching(k))
+        noisy |= bad
+    return (med, worst), noisy
+
+
+def _at_context(pair, target, dm, context: int, ks: list[int], reps: int,
+                say: Callable[[str], None]) -> tuple[Costs, bool]:
+    """The costs after ``context`` cached tokens: the target's chain (``ks``, extrapolated once it grows like
+    ``k``) and tree, the draft's token, its phrase checks and its catch-up per token (a batch of
+    :data:`CATCH_UP`); ``(costs, noisy)`` (noisy: the slowest forward of each point)."""
+    ids = timing.token_ids(pair.vocab, context)
+    new = timing.token_ids(pair.vocab, max(ks[-1], CATCH_UP, TREE_KS[-1]), context)
+    target.reset()
+    target.forward(ids, keep=1)
+    timing.timed(target, new[:1], context)  # warm-up
+    pts: dict[int, tuple[float, float]] = {}
+    noisy = False
+    for k in ks:
+        say(f"target, context {context}, {k} token{'s' * (k > 1)}")
+        *pts[k], bad = _point(target, new[:k], context, reps)
+        noisy |= bad
+        if k == 4 and pts[4][0] >= LINEAR * pts[1][0]:
+            break  # grows like k: the rest is extrapolated by Costs.target_cost
+    (tmed, tworst), bad = _tree(target, pair.vocab, ids, reps, lambda s: say(f"{s}, context {context}"), max(pts))
+    noisy |= bad
+    target.reset()
+    draft = catch_up = 0.0
+    dcurve: dict[int, tuple[float, float]] = {}
+    if dm is not None:
+        dm.reset()
+        dm.forward(ids, keep=1)
+        timing.timed(dm, new[:1], context)  # warm-up
+        for k in (1, *DRAFT_KS, CATCH_UP):
+            say(f"draft, context {context}, {k} token{'s' * (k > 1)}")
+            *dcurve[k], bad = _point(dm, new[:k], context, reps + 2 * (k == 1))
+            noisy |= bad
+        dm.reset()
+    pick = 1 if noisy else 0
+    if dcurve:
+        draft = dcurve[1][pick]
+        catch_up = dcurve.pop(CATCH_UP)[pick] / CATCH_UP
+    return Costs(draft, {k: v[pick] for k, v in pts.items()}, draft_prefill=catch_up,
+                 tree=(tworst if noisy else tmed),
+                 draft_curve={k: max(v[pick], draft) for k, v in dcurve.items()} if len(dcurve) > 1 else {}), noisy
 
 
 def conservative(pair, c1: float | None = None) -> Calibration:
@@ -228,12 +325,20 @@ def load(key: dict) -> tuple[Calibration | None, str]:
         cal = Calibration(Costs.from_dict(p["costs"], free_draft=free), float(p["prefill"]), key, "cache",
                           noisy=bool(p.get("noisy", False)), seconds=float(p.get("seconds", 0)),
                           measured=list(p.get("measured", [])))
+        contexts = p.get("contexts")
+        if not isinstance(contexts, dict):
+            raise BadField("no 'contexts' {context: costs}")
+        cal.contexts = {read_count(c, f"'contexts' key {c!r}", 1, key=True): Costs.from_dict(v, free_draft=free)
+                        for c, v in contexts.items()}
+        want = key.get("contexts") or []
+        if sorted(cal.contexts) != sorted(want):  # one context where the key says two: never trusted
+            raise BadField(f"costs at contexts {sorted(cal.contexts)}, not {sorted(want)}")
     except BadField as e:
         return None, f"calibration cache {cache_path(key)} holds unusable costs ({e})"
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         return None, f"calibration cache {cache_path(key)} cannot be read ({type(e).__name__})"
-    bad = cal.costs.problems(free) or ([] if math.isfinite(cal.prefill) and cal.prefill >= 0 else
-                                   [f"target prefill is {cal.prefill}"])
+    bad = [b for c in cal.contexts.values() for b in c.problems(free)] or cal.costs.problems(free) or \
+        ([] if math.isfinite(cal.prefill) and cal.prefill >= 0 else [f"target prefill is {cal.prefill}"])
     if bad:  # a file edited by hand with its checksum recomputed, say
         return None, f"calibration cache {cache_path(key)} holds unusable costs ({bad[0]})"
     if cal.noisy:  # cached marked noisy (the machine was busy): no later run decides on it
@@ -345,11 +450,11 @@ PAYS = 1.1
 
 def regime(costs: Costs, backend: str, weights: str = "") -> str:
     """One line: which regime this machine is in for ``backend`` (its ``weights``, as measured) and what to expect
-    of pacer there: the cost rule's own prediction (:func:`pacer.policies.cost_aware.predicted_round`) at a typical
+    of pacer there: the cost rule's own prediction (:func:`pacer.pricing.predicted_round`) at a typical
     acceptance, from the measured curve. Where drafting does not pay, the backend's anchor (its record's: the
     backend whose plain decoding of the same model file is the user's fastest plain path) is named."""
     from . import backends
-    from .policies.cost_aware import TYPICAL_ACCEPTANCE, predicted_round
+    from .pricing import TYPICAL_ACCEPTANCE, predicted_round
 
     runs = f"{backend} {weights}".strip()
     g = costs.verification_growth(8)

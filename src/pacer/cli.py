@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from . import preverify_cli
 from .args import (
     add_decoding_args,
     add_model_args,
@@ -24,7 +25,6 @@ from .args import (
 )
 from .bench import cli as bench_cli
 from .errors import PacerError
-from .preverify import cli as preverify_cli
 from .profiles import Profile, clock
 from .serve import cli as serve_cli
 from .streaming import TextStreamer

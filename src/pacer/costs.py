@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .errors import PacerError
+from .errors import InvalidType, InvalidValue, PacerError
 
 
 @dataclass
@@ -68,6 +68,20 @@ class Costs:
         return Costs(self.draft * draft, {k: v * target for k, v in self.target.items()}, self.policy_per_check,
                      self.draft_prefill * draft, {k: v * target for k, v in self.tree.items()},
                      {k: v * draft for k, v in self.draft_curve.items()})
+
+    def shapes(self, max_k: int) -> dict[str, Costs]:
+        """Three curves of the same ``c_t(1)`` up to ``k = max_k + 1``, for a training validation: ``flat``
+        (verification free), ``linear`` (``c_t(k) = k c_t(1)``) and ``gpu`` (1 % per extra token, a draft token 0.3 of
+        a forward), each with these chain costs' draft and policy check."""
+        c1, ks = self.target_cost(1), range(1, max_k + 2)
+        return {"flat": Costs(self.draft, dict.fromkeys(ks, c1), self.policy_per_check),
+                "linear": Costs(self.draft, {k: k * c1 for k in ks}, self.policy_per_check),
+                "gpu": Costs(0.3 * c1, {k: c1 * (1 + 0.01 * (k - 1)) for k in ks}, self.policy_per_check * 0.3)}
+
+    def chain(self, policy_per_check: float | None = None) -> Costs:
+        """The chain costs alone (``c_d``, ``c_t``, ``c_p``: a training validation's), with ``policy_per_check`` in
+        place of this ``c_p`` where given."""
+        return Costs(self.draft, self.target, self.policy_per_check if policy_per_check is None else policy_per_check)
 
     def to_dict(self) -> dict:
         d = {"draft": self.draft, "target": {str(k): v for k, v in sorted(self.target.items())},
@@ -133,6 +147,36 @@ class Costs:
     def verification_growth(self, k: int = 8) -> float:
         """``c_t(k) / c_t(1)``: ~1 where verifying a block is nearly free, ~``k`` where it costs ``k`` forwards."""
         return self.target_cost(k) / self.target_cost(1)
+
+
+def check_given(costs: object, free_draft: bool = False, what: str = "costs") -> ContextCosts:
+    """Costs given in code (``Decoder(costs=...)``) checked as a profile's are, as the one shape rounds are priced
+    with: a :class:`Costs` (or a :class:`ContextCosts`, checked at context 0) whose fields are numbers and curves
+    ``{int k: seconds}``, and whose values :meth:`Costs.problems` finds usable (``free_draft``: a pair without a
+    draft model, ``c_d`` may be 0). Raises :class:`~pacer.errors.InvalidType` or :class:`~pacer.errors.InvalidValue`,
+    one line naming the field."""
+    curve = costs if isinstance(costs, ContextCosts) else None
+    if curve is not None:
+        costs, what = curve.measure(0), f"{what} at context 0"
+    if not isinstance(costs, Costs):
+        raise InvalidType(f"{what} must be a pacer.costs.Costs (or a pacer.costs.ContextCosts: costs by context), "
+                          f"got {type(costs).__name__}")
+    for name in ("draft", "policy_per_check", "draft_prefill"):
+        v = getattr(costs, name)
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise InvalidType(f"{what}: {name.replace('_', ' ')} cost is {v!r}, not a number of seconds")
+    for name, field_ in (("target", "target"), ("tree", "tree"), ("draft", "draft_curve")):
+        d = getattr(costs, field_)
+        if not isinstance(d, dict):
+            raise InvalidType(f"{what}: {field_} is {type(d).__name__}, not a dict {{k: seconds}}")
+        for k, v in d.items():
+            if isinstance(k, bool) or not isinstance(k, int):
+                raise InvalidType(f"{what}: {name} cost k {show_key(k)} is a {type(k).__name__}, not an int")
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise InvalidType(f"{what}: {name} cost at k={k} is {v!r}, not a number of seconds")
+    if bad := costs.problems(free_draft):
+        raise InvalidValue(f"{what} hold unusable values ({bad[0]})")
+    return curve if curve is not None else ContextCosts.fixed(costs)
 
 
 #: the fields of :meth:`Costs.to_dict`
@@ -220,34 +264,67 @@ def prefill_doubt(n: int, per_token: float, curve: dict[int, float]) -> str | No
 
 
 class ContextCosts:
-    """Costs that depend on the context a forward runs at: :meth:`at` gives the :class:`Costs` of forwards after
-    ``context`` cached tokens (a profile measured at several contexts prices each forward there: on llama.cpp with
-    2 cores a 2-token forward costs 1.3 one-token forwards after 32 tokens and 1.8 after 500-1,000). ``costs_at``
-    makes them (e.g. :meth:`pacer.profiles.Profile.costs`); they are kept per :attr:`STEP` tokens of context (at
-    the nearest step),
-    made non-decreasing in ``k`` (:meth:`Costs.monotone`), with the policy check ``policy_per_check``."""
+    """Costs that depend on the context a forward runs at: :meth:`costs` gives the :class:`Costs` of forwards after
+    ``context`` cached tokens (a profile or a calibration measured at several contexts prices each forward there: on
+    llama.cpp with 2 cores a 2-token forward costs 1.3 one-token forwards after 32 tokens and 1.8 after
+    500-1,000). ``measure`` makes them (e.g. :meth:`pacer.profiles.Profile.costs`); they are kept per ``step``
+    tokens of context (at the nearest step, or the next one up with ``up``), made non-decreasing in ``k``
+    (:meth:`Costs.monotone`), with the policy check ``policy_per_check``. The one shape of costs every source
+    becomes: a calibration, a profile, costs given in code and the vLLM proposer's."""
 
     #: contexts are priced in steps of this many tokens (a forward's cost moves little within one)
     STEP = 64
 
-    def __init__(self, costs_at: Callable[[int], Costs], policy_per_check: float = 0.0) -> None:
-        self.costs_at, self.policy_per_check = costs_at, policy_per_check
+    def __init__(self, measure: Callable[[int], Costs], policy_per_check: float = 0.0, step: int = STEP,
+                 up: bool = False) -> None:
+        self.measure, self.policy_per_check, self.step, self.up = measure, policy_per_check, step, up
         self._made: dict[int, Costs] = {}
 
     @classmethod
     def fixed(cls, costs: Costs) -> ContextCosts:
-        """The same costs at every context (a calibration measured at one context)."""
+        """The same costs at every context (costs given as one :class:`Costs`)."""
         return cls(lambda _: costs, costs.policy_per_check)
 
     def with_check(self, seconds: float) -> ContextCosts:
         """The same costs with a policy check of ``seconds``."""
-        return ContextCosts(self.costs_at, seconds)
+        return ContextCosts(self.measure, seconds, self.step, self.up)
 
-    def at(self, context: int) -> Costs:
-        step = (max(0, context) + self.STEP // 2) // self.STEP * self.STEP  # the nearest step
+    def costs(self, context: int) -> Costs:
+        """The costs of forwards after ``context`` cached tokens (made once per step)."""
+        if self.up:
+            step = -(-max(1, context) // self.step) * self.step
+        else:
+            step = (max(0, context) + self.step // 2) // self.step * self.step  # the nearest step
         if step not in self._made:
-            self._made[step] = replace(self.costs_at(step), policy_per_check=self.policy_per_check).monotone()
+            self._made[step] = replace(self.measure(step), policy_per_check=self.policy_per_check).monotone()
         return self._made[step]
+
+
+def between(measured: dict[int, Costs], context: int) -> Costs:
+    """Costs measured at several contexts (cached tokens -> :class:`Costs`), at ``context``: every curve (at the
+    ``k`` either measured) and every per-token cost linear between the two nearest contexts, clamped to the first
+    and the last (a curve measured at one of them only is taken as it is)."""
+    cs = sorted(measured)
+    if context <= cs[0]:
+        return measured[cs[0]]
+    if context >= cs[-1]:
+        return measured[cs[-1]]
+    lo = max(c for c in cs if c <= context)
+    hi = min(c for c in cs if c >= context)
+    if lo == hi:
+        return measured[lo]
+    a, b, w = measured[lo], measured[hi], (context - lo) / (hi - lo)
+
+    def mix(x: float, y: float) -> float:
+        return x + w * (y - x)
+
+    def curve(p: dict[int, float], q: dict[int, float]) -> dict[int, float]:
+        if not p or not q:
+            return dict(p or q)
+        return {k: mix(interpolate(p, k), interpolate(q, k)) for k in sorted(set(p) | set(q))}
+
+    return Costs(mix(a.draft, b.draft), curve(a.target, b.target), mix(a.policy_per_check, b.policy_per_check),
+                 mix(a.draft_prefill, b.draft_prefill), curve(a.tree, b.tree), curve(a.draft_curve, b.draft_curve))
 
 
 def interpolate(curve: dict[int, float], k: int, clamp: bool = False) -> float:

@@ -5,19 +5,21 @@ machine's profile), the draft vocabularies it has resolved, and what the cost-aw
 from __future__ import annotations
 
 import sys
+import weakref
 from collections.abc import Sequence
 
 import torch
 
 from . import methods
 from .calibration import Calibration
-from .costs import ContextCosts, Costs
+from .costs import ContextCosts, Costs, check_given
 from .decoding import Drafter
 from .drafters.token import TokenDrafter
 from .errors import InvalidType, InvalidValue, PacerError
 from .pair import Pair
 from .policies.base import DraftPolicy
-from .policies.cost_aware import CostAwarePolicy, CostMemory
+from .policies.cost_aware import CostAwarePolicy
+from .pricing import UNPRICED, CostMemory, CostPricer, Pricer
 from .request import MethodRequest
 
 
@@ -31,19 +33,19 @@ class MethodFactory:
         self.draft_vocab = draft_vocab
         self.progress = progress
         self._calibrations: dict[int | None, Calibration] = {}
-        if isinstance(costs, ContextCosts):  # costs by context: the rule prices each round where it runs
-            self._calibrations[None] = Calibration(costs.at(0), source="given", curve=costs)
-        elif costs is not None:
-            self._calibrations[None] = Calibration(costs, source="given")
-        self._given_costs = costs is not None
+        #: costs given to the constructor or a profile's (every vocabulary's), as one shape, and where they came from
+        self._given: tuple[ContextCosts, str] | None = None
+        if costs is not None:  # checked as a profile is (use_profile)
+            self._given = (check_given(costs, free_draft=pair.draft_info is None), "given")
         self._cost_memory: dict[str, CostMemory] = {}
+        self._pricers: dict[tuple, CostPricer] = {}
+        #: the pricer of each policy :meth:`make_policy` built (:meth:`pricer_of`)
+        self._pricer_of: weakref.WeakKeyDictionary[DraftPolicy, Pricer] = weakref.WeakKeyDictionary()
         self._draft_rows: dict[int | str, torch.Tensor | None] = {}
 
     def calibration(self, rows: torch.Tensor | None = None, refresh: bool = False) -> Calibration:
-        """This machine's costs for this pair with draft vocabulary ``rows`` (cached; see
-        :mod:`pacer.calibration`). Costs given to the constructor are used for every vocabulary."""
-        if self._given_costs:
-            return self._calibrations[None]
+        """This machine's measured costs for this pair with draft vocabulary ``rows`` (cached; see
+        :mod:`pacer.calibration`)."""
         key = None if rows is None else len(rows)
         if refresh or key not in self._calibrations:
             from .calibration import load_or_measure
@@ -52,7 +54,17 @@ class MethodFactory:
             for note in cal.notes:
                 print(f"pacer: note: {note}", file=sys.stderr)
             self._calibrations[key] = cal
+            self._pricers.clear()
         return self._calibrations[key]
+
+    def costs(self, rows: torch.Tensor | None = None) -> tuple[ContextCosts, str]:
+        """The costs rounds are priced with for draft vocabulary ``rows``, by context, and their source: those given
+        to the constructor or a profile's (:meth:`use_profile`), else this machine's calibration
+        (:meth:`calibration`: ``measured``, ``cache`` or ``conservative``)."""
+        if self._given is not None:
+            return self._given
+        cal = self.calibration(rows)
+        return cal.by_context(0.0), cal.source
 
     def use_profile(self, profile) -> list[str]:
         """Decide with another machine's measured costs (a :class:`pacer.profiles.Profile` of this pair and
@@ -68,9 +80,8 @@ class MethodFactory:
         rows = self.draft_rows(self.draft_vocab) if self.pair.draft_info is not None else None
         notes = profile.check_pair(*pair_of(self.pair, rows))
         # the rule prices each round at the context it runs at, as the profile clock prices its forwards there
-        self._calibrations = {None: Calibration(profile.costs(), source=f"profile {profile.name}",
-                                                curve=ContextCosts(profile.costs))}
-        self._given_costs = True
+        self._given = (ContextCosts(profile.costs), f"profile {profile.name}")
+        self._pricers.clear()
         return notes
 
     def draft_rows(self, draft_vocab: int | str | Sequence[int] | torch.Tensor | None) -> torch.Tensor | None:
@@ -118,11 +129,38 @@ class MethodFactory:
             raise PacerError(f"method '{req.method}' drafts nothing and has no draft-length policy")
         aware = req.aware
         policy = req.record.policy(methods.Build(self.pair, req.policy_options, req.bounds, req.gamma, aware, rows))
-        length = aware
         if not aware and not (req.cost_aware is None and req.record.extras):
             return policy
-        cal = self.calibration(rows)
-        costs = cal.by_context(policy.check_seconds)
+        pricer = self.make_pricer(req, rows, verify, policy)
+        policy = CostAwarePolicy(policy, pricer, length=aware)
+        self._pricer_of[policy] = pricer
+        return policy
+
+    def pricer_of(self, policy: DraftPolicy) -> Pricer:
+        """The pricer of a policy :meth:`make_policy` built (its cost rule's); :data:`~pacer.pricing.UNPRICED` for
+        any other (a literal rule, a policy built elsewhere: give its pricer beside it)."""
+        try:
+            return self._pricer_of.get(policy, UNPRICED)
+        except TypeError:  # an unhashable policy (a dataclass, say): not one built here
+            return UNPRICED
+
+    def make_pricer(self, method: str | MethodRequest, rows: torch.Tensor | None = None, verify: str = "token",
+                    policy: DraftPolicy | None = None, **settings) -> Pricer:
+        """What prices the rounds of a :class:`~pacer.request.MethodRequest` (or of a method's name with its
+        settings as keywords) for draft vocabulary ``rows`` and verification rule ``verify`` under ``policy`` (its
+        check's seconds, ``c_p``, and its longest draft; default: the method's): :data:`~pacer.pricing.UNPRICED`
+        where no cost rule prices them (a method that drafts nothing, a literal rule without priced extras), else a
+        :class:`~pacer.pricing.CostPricer` on this factory's costs (:meth:`costs`) and what the rule learned
+        about this method on this pair (a :class:`~pacer.pricing.CostMemory` carried across generations). One per
+        method, vocabulary, rule and policy check: :meth:`make_policy`'s cost rule and the loop get the same one.
+        Costs given to the decoder (or a profile's) are taken as they are; measured ones follow the loop's
+        timings."""
+        req = MethodRequest.of(method, **settings)
+        if not req.drafts or not (req.aware or (req.cost_aware is None and req.record.extras)):
+            return UNPRICED
+        if policy is None:
+            policy = req.record.policy(methods.Build(self.pair, req.policy_options, req.bounds, req.gamma,
+                                                     req.aware, rows))
         # what the rule learned about this method on this pair carries over to its next generation (keyed by the
         # drafter's options too: what its branches yield is that drafter's; the vocabulary is in the rows' size;
         # and by the verification rule: block verification keeps other counts than token-level's)
@@ -130,13 +168,16 @@ class MethodFactory:
         bounds = req.bounds
         drafter = sorted((k, v) for k, v in req.drafter_options.items() if k != "draft_vocab")
         key = "|".join(map(str, (req.method, sorted(req.policy_options.items()), drafter, bounds.get("min_draft"),
-                                 bounds.get("max_draft"), size, req.gamma, length)))
+                                 bounds.get("max_draft"), size, req.gamma, req.aware)))
         key += "" if verify == "token" else f"|{verify}"
-        memory = self._cost_memory.setdefault(key, CostMemory())
-        # costs given to the Decoder (or a profile's) are taken as they are; measured ones follow the loop's timings
-        return CostAwarePolicy(policy, costs, source=cal.source,
-                               refine=0.2 if cal.source in ("measured", "cache") else 0.0, memory=memory,
-                               length=length)
+        priced = (key, policy.check_seconds, policy.max_draft)
+        if priced not in self._pricers:
+            costs, source = self.costs(rows)
+            self._pricers[priced] = CostPricer(costs.with_check(policy.check_seconds),
+                                               self._cost_memory.setdefault(key, CostMemory()),
+                                               0.2 if source in ("measured", "cache") else 0.0, policy.max_draft,
+                                               source)
+        return self._pricers[priced]
 
     def make_drafter(self, method: str | MethodRequest, **settings) -> Drafter:
         """The drafter of a :class:`~pacer.request.MethodRequest` (or of a method's name with its options as

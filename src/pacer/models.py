@@ -156,10 +156,3 @@ def check_same_tokenizer(target_tok, draft_tok) -> None:
         )
 
 
-def eos_ids(loaded: LoadedModel) -> set[int]:
-    """End-of-sequence ids of a loaded model (see :meth:`LoadedModel.end_ids`)."""
-    return loaded.end_ids()
-
-
-def describe(loaded: LoadedModel) -> dict:
-    return loaded.describe()

@@ -68,7 +68,7 @@ class Pair:
         self.backend = target.backend
         self.target: ModelBackend = metered(target.open(), TARGET)
         self.vocab = target.vocab_size
-        self.eos = models.eos_ids(target)
+        self.eos = target.end_ids()
         if self.tokenizer is not None:
             vocab = self.tokenizer.get_vocab()
             self.eos.update(vocab[t] for t in END_TOKENS if t in vocab)

@@ -31,15 +31,44 @@ from .costs import ContextCosts, Costs
 from .rounds import DraftState, RoundResult
 
 
+def token_seconds(costs: Costs, free: bool = False) -> float:
+    """``c_d + c_p``: the drafting seconds of one draft token (``free``: it came with a phrase, no draft forward of
+    its own: ``c_p``)."""
+    return (0.0 if free else costs.draft) + costs.policy_per_check
+
+
+def round_seconds(costs: Costs, n: int, spent: float | None = None, at_least: bool = False,
+                  checks: int | None = None) -> float:
+    """``T_n = n (c_d + c_p) + c_t(n + 1)``: the seconds of a round that drafted ``n`` tokens (the one place this
+    formula is written). ``spent``: the round's drafting seconds as counted instead of ``n (c_d + c_p)``
+    (``at_least``: never below it); ``checks``: the policy checks made, where not one a token
+    (``n c_d + checks c_p``)."""
+    drafting = n * token_seconds(costs) if checks is None else \
+        n * costs.draft + checks * costs.policy_per_check
+    if spent is not None:
+        drafting = max(spent, drafting) if at_least else spent
+    return drafting + costs.target_cost(n + 1)
+
+
+def round_value(costs: Costs, S: list[float], spent: float | None = None,
+                at_least: bool = False) -> tuple[float, float]:
+    """``(E_n, T_n)`` of a round that drafted ``n = len(S)`` tokens with survivals ``S = [S_1..S_n]``:
+    ``E_n = 1 + Σ S_i`` expected tokens in :func:`round_seconds`."""
+    return sum(S, 1.0), round_seconds(costs, len(S), spent, at_least)
+
+
+def _gain_pays(E: float, T: float, n: int, S_next: float, costs: Costs, free: bool) -> bool:
+    """:func:`gain_pays` on a round of ``n`` drafted tokens already valued at ``(E, T)``."""
+    dT = token_seconds(costs, free) + costs.target_cost(n + 2) - costs.target_cost(n + 1)
+    return S_next * T >= E * dT
+
+
 def gain_pays(S: list[float], S_next: float, costs: Costs, spent: float | None = None, free: bool = False) -> bool:
     """Does drafting ``d_{n+1}`` raise the round's expected throughput? ``S`` = ``[S_1..S_n]``, ``S_next`` =
     ``S_{n+1}`` (see the module docstring for the terms). ``spent``: the round's drafting seconds so far (default
     ``n (c_d + c_p)``); ``free``: ``d_{n+1}`` needs no draft forward (it came with a phrase), only ``c_p``."""
-    n = len(S)
-    E = 1.0 + sum(S)
-    T = (n * (costs.draft + costs.policy_per_check) if spent is None else spent) + costs.target_cost(n + 1)
-    dT = (0.0 if free else costs.draft) + costs.policy_per_check + costs.target_cost(n + 2) - costs.target_cost(n + 1)
-    return S_next * T >= E * dT
+    E, T = round_value(costs, S, spent)
+    return _gain_pays(E, T, len(S), S_next, costs, free)
 
 
 def catch_up_pays(S_1: float, costs: Costs, catch_up: int, remaining: int) -> bool:
@@ -51,9 +80,38 @@ def catch_up_pays(S_1: float, costs: Costs, catch_up: int, remaining: int) -> bo
     is not counted."""
     if remaining <= 0 or costs.draft_prefill <= 0:
         return True
-    T1 = costs.draft + costs.policy_per_check + costs.target_cost(2)
-    saving = costs.target_cost(1) - T1 / (1.0 + S_1)
+    E1, T1 = round_value(costs, [S_1])
+    saving = costs.target_cost(1) - T1 / E1
     return remaining * saving > catch_up * costs.draft_prefill
+
+
+def batch_lengths(S_rows: list[list[float]], costs: Costs, decoding: int | None = None) -> list[int]:
+    """Each row's draft length: greedily the next draft token with the highest survival, while
+    :func:`gain_pays` says it raises the batch's expected tokens per second.
+    ``S_rows[r]``: row ``r``'s ``S_1..S_γ`` (non-increasing); ``decoding``: rows the forward scores one token for
+    anyway (default: all rows).
+
+    The batch as one round for ``gain_pays``: the ``B - 1`` other rows' certain tokens are survivals of 1, so
+    ``E = 1 + (B - 1) + Σ S = B + Σ S`` and ``c_t(n + 1) = c_t(B + D)`` with ``D`` the drafted tokens: the forward that
+    scores every row. Looked-up tokens are free (no draft forward)."""
+    B = len(S_rows) if decoding is None else decoding
+    lengths = [0] * len(S_rows)
+    if B < 1:
+        return lengths
+    S_all = [1.0] * (B - 1)
+    c_p = costs.policy_per_check
+    while True:
+        best, r_best = -1.0, -1
+        for r, S in enumerate(S_rows):
+            if lengths[r] < len(S) and S[lengths[r]] > best:
+                best, r_best = S[lengths[r]], r
+        if r_best < 0 or best <= 0.0:
+            return lengths
+        drafted = len(S_all) - (B - 1)
+        if not gain_pays(S_all, best, costs, spent=drafted * c_p, free=True):
+            return lengths
+        S_all.append(best)
+        lengths[r_best] += 1
 
 
 #: a typical per-token acceptance of the default pair: on the shipped layer's 1,987 held-out validation rounds,
@@ -67,15 +125,12 @@ def predicted_round(costs: Costs, alpha: float = TYPICAL_ACCEPTANCE, max_draft: 
     (``S_i = alpha^i``): the draft length it chooses (:func:`gain_pays`, token by token, at most ``max_draft``) and
     the predicted speedup of such rounds over plain decoding, ``E_n / T_n · c_t(1)`` (1.0 where it drafts
     nothing: every round a plain decoding step). Prefills and catch-ups are left out."""
-    S: list[float] = []
-    while len(S) < max_draft and gain_pays(S, alpha ** (len(S) + 1), costs):
-        S.append(alpha ** (len(S) + 1))
-    n = len(S)
+    n, E = 0, 1.0  # the round so far, extended token by token (E kept as it goes: linear in max_draft)
+    while n < max_draft and _gain_pays(E, round_seconds(costs, n), n, alpha ** (n + 1), costs, False):
+        n, E = n + 1, E + alpha ** (n + 1)
     if not n:
         return 0, 1.0
-    T = n * (costs.draft + costs.policy_per_check) + costs.target_cost(n + 1)
-    return n, (1.0 + sum(S)) / T * costs.target_cost(1)
-
+    return n, E / round_seconds(costs, n) * costs.target_cost(1)
 
 
 class SurvivalCalibrator:
@@ -202,7 +257,11 @@ class Pricer:
     #: rounds are priced (``False``: this unpriced base)
     priced = False
 
-    def at(self, context: int) -> None:
+    def begin(self, greedy: bool) -> None:
+        """A new generation in its decoding mode (``greedy``: temperature 0; the loop says so before its first
+        token)."""
+
+    def set_context(self, context: int) -> None:
         """The next round runs after ``context`` committed tokens: price it there (the loop says so before every
         round)."""
 
@@ -245,9 +304,10 @@ UNPRICED = Pricer()
 
 class CostPricer(Pricer):
     """Prices rounds on ``costs`` (made non-decreasing in ``k``: :meth:`pacer.costs.Costs.monotone`) with what the
-    verifier taught ``memory`` and this generation's own acceptance. One per generation (:meth:`reset` at its
-    start); the cost rule keeps the round in progress here (:attr:`S`, :attr:`spent`: :meth:`start_round`,
-    :meth:`extend`) so that every question about the round is answered on the same numbers.
+    verifier taught ``memory`` and this generation's own acceptance. Built by the method factory (its
+    ``make_pricer``) and handed to the loop, which begins each generation (:meth:`begin`), prices each round at its
+    context (:meth:`set_context`) and hands it to the drafter; the cost rule tells it the round in progress
+    (:meth:`survive`, :meth:`spend`): every question about a round is answered on the same numbers.
 
     ``refine``: after every round (the first of a generation, which holds the draft's prefill, excepted) the measured
     draft time per token and target time of the round update running averages (weight ``refine``, each clipped to
@@ -264,7 +324,20 @@ class CostPricer(Pricer):
     def __init__(self, costs: Costs | ContextCosts, memory: CostMemory | None = None, refine: float = 0.0,
                  max_draft: int = 16, source: str = "") -> None:
         self.curve = costs if isinstance(costs, ContextCosts) else ContextCosts.fixed(costs)
-        self.memory, self.refine, self.max_draft, self.source = memory or CostMemory(), refine, max_draft, source
+        self.memory, self.max_draft, self.source = memory or CostMemory(), max_draft, source
+        #: the decoder's memory of this method, kept and extended by its greedy generations (:meth:`begin`)
+        self.shared_memory = self.memory
+        self.refine_greedy = self.refine = refine
+        self.reset()
+
+    def begin(self, greedy: bool) -> None:
+        """A new generation (:meth:`reset`). A sampled one decides from the calibration alone (no refinement from
+        timings) and from the initial memory (a fresh :class:`CostMemory`, not what earlier generations taught the
+        decoder's, which greedy generations keep using and extending), so that a seeded sample is reproducible
+        whatever ran before it on the decoder."""
+        self.refine = self.refine_greedy if greedy else 0.0
+        shared = self.shared_memory
+        self.memory = shared if greedy else CostMemory(shared.alpha0, shared.prior, len(shared.hits) - 1)
         self.reset()
 
     # --------------------------------------------------------------------------------------- a generation
@@ -273,33 +346,38 @@ class CostPricer(Pricer):
         self.scale_d = self.scale_t = 1.0
         self.context = 0
         #: the costs at this round's context as given (:attr:`costs`: refined by this generation's timings)
-        self.base = self.costs = self.curve.at(0)
+        self.base = self.costs = self.curve.costs(0)
         self.rounds = 0
         #: this generation's own verdicts per draft position (:meth:`gen_alpha`): ``[accepted, trials]``
         self.gen_counts = [[0, 0] for _ in range(len(self.memory.hits))]
         self.start_round()
 
-    def at(self, context: int) -> None:
+    def set_context(self, context: int) -> None:
         """Price the next round at ``context`` (every forward of it: the target's chain and tree, the draft's
         forwards and its catch-up), refined by this generation's timings as before."""
         self.context = context
-        base = self.curve.at(context)
+        base = self.curve.costs(context)
         if base is not self.base:
             self.base = base
             self.costs = base if self.scale_d == self.scale_t == 1.0 else base.scaled(self.scale_d, self.scale_t)
 
     def start_round(self) -> None:
         """A new round: nothing drafted, nothing spent."""
-        #: ``S_1..S_n`` of the round so far (the cost rule extends it as tokens are drafted)
+        #: ``S_1..S_n`` of the round so far (:meth:`survive`, as tokens are drafted)
         self.S: list[float] = []
         #: the round's drafting seconds so far, as the cost model counts them
         self.spent = 0.0
+
+    def survive(self, S_next: float) -> None:
+        """The round drafted one more token, all of its tokens surviving with probability ``S_next``
+        (``S_{n+1}``, appended to :attr:`S`)."""
+        self.S.append(S_next)
 
     def spend(self, tokens: int, free: bool = False) -> None:
         """Count ``tokens`` drafted tokens into :attr:`spent`, each ``c_d + c_p`` (``free``: tokens that came with
         a phrase, no draft forward of their own: ``c_p`` each)."""
         c = self.costs
-        self.spent += tokens * ((0.0 if free else c.draft) + c.policy_per_check)
+        self.spent += tokens * token_seconds(c, free)
 
     def learn(self, raw: list[float | None], result: RoundResult, declined: bool) -> None:
         """What a verified round teaches: the verdicts per draft position (``raw``: the wrapped policy's survival
@@ -367,7 +445,7 @@ class CostPricer(Pricer):
             S *= self.gen_alpha(g)
             E += S
             share = once * min(1.0, E / remaining) if remaining > 0 else once
-            best = max(best, E / (share + g * (c.draft + c.policy_per_check) + c.target_cost(g + 1)))
+            best = max(best, E / (share + round_seconds(c, g)))
         return best
 
     def phrase_rate(self, accept: list[float]) -> tuple[int, float]:
@@ -397,13 +475,17 @@ class CostPricer(Pricer):
             E, base = 1.0, self.costs.target_cost(1)
             y = self.memory.pool_yield() if yield_ is None else yield_
             return best_branch(self.costs, E, base, base, y, 1, self.MAX_BRANCH)
-        S = self.S[:drafted] + [self.S[-1] if self.S else 1.0] * (drafted - len(self.S))
-        E = 1.0 + sum(S)
-        k = drafted + 1
-        base = self.costs.target_cost(k)
-        T = max(self.spent, drafted * (self.costs.draft + self.costs.policy_per_check)) + base
+        S, E, T = self._drafted_round(drafted)
         y = self.memory.branch_yield() if yield_ is None else yield_
-        return best_branch(self.costs, E, T, base, S[-1] * y, k, self.MAX_BRANCH)
+        k = drafted + 1
+        return best_branch(self.costs, E, T, self.costs.target_cost(k), S[-1] * y, k, self.MAX_BRANCH)
+
+    def _drafted_round(self, drafted: int) -> tuple[list[float], float, float]:
+        """``(S, E, T)`` of this round once ``drafted`` tokens are out (positions the rule did not score carry the
+        last survival on; the drafting seconds at least ``drafted (c_d + c_p)``)."""
+        S = self.S[:drafted] + [self.S[-1] if self.S else 1.0] * (drafted - len(self.S))
+        E, T = round_value(self.costs, S, self.spent, at_least=True)
+        return S, E, T
 
     def sibling_room(self, state: DraftState, hits: list[float]) -> list[int]:
         """Sibling branches pay like draft tokens: the sibling of ``d_{i+1}`` yields a token with probability
@@ -414,18 +496,10 @@ class CostPricer(Pricer):
         drafted = state.n
         if drafted <= 0:
             return []
-        S = [1.0] + self.S[:drafted] + [self.S[-1] if self.S else 1.0] * (drafted - len(self.S))
-        E = sum(S)
-        k = drafted + 1
-        base = self.costs.target_cost(k)
-        T = max(self.spent, drafted * (self.costs.draft + self.costs.policy_per_check)) + base
+        drafted_S, E, T = self._drafted_round(drafted)
+        S = [1.0, *drafted_S]
         gains = sorted((((S[i] - S[i + 1]) * h, i) for i, h in enumerate(hits[:drafted])), reverse=True)
-        best, best_rate, total = 0, E / T, 0.0
-        for b, (g, _) in enumerate(gains[: self.MAX_BRANCH], start=1):
-            total += g
-            rate = (E + total) / (T + self.costs.tree_cost(k + b) - base)
-            if rate > best_rate:
-                best, best_rate = b, rate
+        best = best_siblings(self.costs, E, T, [g for g, _ in gains[: self.MAX_BRANCH]], drafted + 1)
         return [i for g, i in gains[:best] if g > 0]
 
     def phrase_room(self, fed: int, accept: list[float]) -> int:
@@ -434,15 +508,7 @@ class CostPricer(Pricer):
         saves a draft forward of its own (``c_d(1)``). ``accept[j]``: the chance that the draft agrees with phrase
         token ``j + 1`` given the ones before (learned by the drafter). Returns the ``L`` with the largest expected
         saving, 0 when none saves (a dear draft curve, or phrases the draft rarely agrees with)."""
-        c1, base = self.costs.draft_cost(1), self.costs.draft_cost(max(fed, 1))
-        best, best_gain, expect, survive = 0, 0.0, 0.0, 1.0
-        for L, a in enumerate(accept, 1):
-            survive *= a
-            expect += survive
-            gain = expect * c1 - (self.costs.draft_cost(max(fed, 1) + L) - base)
-            if gain > best_gain:
-                best, best_gain = L, gain
-        return best
+        return best_phrase(self.costs, fed, accept)
 
 
 def best_branch(costs: Costs, E: float, T: float, base: float, gain: float, k: int, cap: int) -> int:
@@ -452,4 +518,30 @@ def best_branch(costs: Costs, E: float, T: float, base: float, gain: float, k: i
         rate = (E + gain * b) / (T + costs.tree_cost(k + b) - base)
         if rate > best_rate:
             best, best_rate = b, rate
+    return best
+
+
+def best_siblings(costs: Costs, E: float, T: float, gains: list[float], k: int) -> int:
+    """How many of the sibling ``gains`` (likeliest first) maximise ``(E + Σ gains) / (T + c_tree(k + b) - c_t(k))``
+    for a round of ``k`` chain tokens (0: none beats the round)."""
+    base = costs.target_cost(k)
+    best, best_rate, total = 0, E / T, 0.0
+    for b, g in enumerate(gains, start=1):
+        total += g
+        rate = (E + total) / (T + costs.tree_cost(k + b) - base)
+        if rate > best_rate:
+            best, best_rate = b, rate
+    return best
+
+
+def best_phrase(costs: Costs, fed: int, accept: list[float]) -> int:
+    """:meth:`CostPricer.phrase_room` on ``costs``: the ``L`` with the largest expected saving (0: none saves)."""
+    c1, base = costs.draft_cost(1), costs.draft_cost(max(fed, 1))
+    best, best_gain, expect, survive = 0, 0.0, 0.0, 1.0
+    for L, a in enumerate(accept, 1):
+        survive *= a
+        expect += survive
+        gain = expect * c1 - (costs.draft_cost(max(fed, 1) + L) - base)
+        if gain > best_gain:
+            best, best_gain = L, gain
     return best

@@ -302,9 +302,10 @@ class Profile:
 
     @classmethod
     def from_calibration(cls, cal, name: str = "this machine") -> Profile:
-        """The profile of a :class:`pacer.calibration.Calibration` (one context; ``c_d`` only)."""
+        """The profile of a :class:`pacer.calibration.Calibration` (at each context it measured)."""
         key = cal.key or {}
         ctx = int(key.get("context", 32))
+        at = cal.contexts or {ctx: cal.costs}
         from .machine import describe_cpu
 
         cpu = key.get("cpu")
@@ -314,10 +315,11 @@ class Profile:
                    {"fingerprint": key.get("target"), "dtype": key.get("target_dtype")},
                    {"fingerprint": key.get("draft"), "dtype": key.get("draft_dtype"), "rows": key.get("draft_rows")}
                    if key.get("draft") else None,
-                   {ctx: dict(cal.costs.target)}, {ctx: cal.prefill} if cal.prefill > 0 else {},
-                   {ctx: dict(cal.costs.draft_curve) or {1: cal.costs.draft}} if cal.costs.draft > 0 else {},
+                   {c: dict(v.target) for c, v in at.items()}, {min(at): cal.prefill} if cal.prefill > 0 else {},
+                   {c: dict(v.draft_curve) or {1: v.draft} for c, v in at.items()} if cal.costs.draft > 0 else {},
                    cal.costs.draft_prefill,
-                   {ctx: dict(cal.costs.tree)} if cal.costs.tree else {}, source=f"calibration ({cal.source})")
+                   {c: dict(v.tree) for c, v in at.items()} if cal.costs.tree else {},
+                   source=f"calibration ({cal.source})")
 
 
 def doubtful_prefills(target_cost: Curves, target_prefill: dict[int, float]) -> dict[int, str]:
@@ -372,22 +374,6 @@ def measure(pair: Pair, rows: torch.Tensor | None = None, contexts: Sequence[int
     def ids(n: int, offset: int = 0) -> list[int]:
         return timing.token_ids(pair.vocab, n, offset)
 
-    def tree_of(k: int) -> Tree:
-        """A main chain of about half the tokens and two branches after it (as Ouroboros builds them)."""
-        main = max(1, k // 2)
-        att = torch.zeros(k, k, dtype=torch.bool)
-        att[:main, :main] = torch.ones(main, main, dtype=torch.bool).tril()
-        depth = list(range(main))
-        o = main
-        for b in (k - main + 1) // 2, (k - main) // 2:
-            if b <= 0:
-                continue
-            att[o : o + b, :main] = True
-            att[o : o + b, o : o + b] = torch.ones(b, b, dtype=torch.bool).tril()
-            depth += range(main, main + b)
-            o += b
-        return Tree(att, tuple(depth))
-
     tc: Curves = {}
     tr: Curves = {}
     dc: Curves = {}
@@ -410,7 +396,7 @@ def measure(pair: Pair, rows: torch.Tensor | None = None, contexts: Sequence[int
                 tc[c][k] = timing.median(target, ids(k, c), c, reps, k)
             for k in TREE_KS:
                 say(f"target tree, context {c}, {k} tokens")
-                tr[c][k] = timing.median(target, ids(k, c), c, reps, k, tree_of(k))
+                tr[c][k] = timing.median(target, ids(k, c), c, reps, k, Tree.branching(k))
         target.reset()
         draft_prefill = 0.0
         if pair.draft_info is not None:

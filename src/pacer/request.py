@@ -17,7 +17,7 @@ factories (:class:`pacer.methods.Build`) read it. Terms:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from . import methods
@@ -119,10 +119,6 @@ class MethodRequest:
             o = self.record.option(name)
             if o is not None and o.preflight is not None:
                 o.preflight(value)
-
-    def with_(self, **changes: Any) -> MethodRequest:
-        """A copy with ``changes`` (checked again)."""
-        return replace(self, **changes)
 
     def to_dict(self) -> dict:
         """The given settings (``None`` ones left out) and options, as JSON-able values."""

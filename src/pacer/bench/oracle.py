@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..costs import ContextCosts, Costs
+from ..pricing import round_seconds, token_seconds
 
 #: the most tokens one round of a source may take (a bound on the search, far above the lengths that pay)
 MAX_ROUND = 64
@@ -53,10 +54,9 @@ class Source:
 
 
 def round_time(costs: Costs, n: int, free: bool = False) -> float:
-    """``T_n = n (c_d + c_p) + c_t(n + 1)`` (:mod:`pacer.pricing`'s round time; ``free``: ``n c_p + c_t(n + 1)``);
-    ``n = 0`` is a plain step, ``c_t(1)``."""
-    per_token = costs.policy_per_check + (0.0 if free else costs.draft)
-    return n * per_token + costs.target_cost(n + 1)
+    """``T_n = n (c_d + c_p) + c_t(n + 1)`` (:func:`pacer.pricing.round_seconds`; ``free``: looked-up tokens,
+    ``n c_p + c_t(n + 1)``); ``n = 0`` is a plain step, ``c_t(1)``."""
+    return round_seconds(costs, n, spent=n * token_seconds(costs, free))
 
 
 @dataclass
@@ -84,7 +84,7 @@ def priced_oracle(prompt_len: int, tokens: int, sources: Sequence[Source], costs
     choice: list[tuple[str, int]] = [(PLAIN, 0)] * (tokens + 1)
     plain = 0.0
     for i in range(tokens - 1, -1, -1):
-        c = costs.at(prompt_len + i)
+        c = costs.costs(prompt_len + i)
         step = round_time(c, 0)
         plain += step
         best[i], choice[i] = step + best[i + 1], (PLAIN, 0)
@@ -110,7 +110,7 @@ def replay_seconds(prompt_len: int, tokens: int, draft_lengths: Sequence[int], a
     for n, a in zip(draft_lengths, accept_lengths, strict=True):
         if i >= tokens:
             break
-        seconds += round_time(costs.at(prompt_len + i), n, free)
+        seconds += round_time(costs.costs(prompt_len + i), n, free)
         i += a
     return seconds
 

@@ -58,6 +58,24 @@ class Tree:
     def chain(cls, n: int) -> Tree:
         return cls(torch.ones(n, n, dtype=torch.bool, device="cpu").tril(), tuple(range(n)))
 
+    @classmethod
+    def branching(cls, k: int) -> Tree:
+        """``k`` tokens as a main chain of about half of them and two branches after it (as Ouroboros builds
+        them): what a timed tree forward scores (a calibration, a profile)."""
+        main = max(1, k // 2)
+        att = torch.zeros(k, k, dtype=torch.bool)
+        att[:main, :main] = torch.ones(main, main, dtype=torch.bool).tril()
+        depth = list(range(main))
+        o = main
+        for b in (k - main + 1) // 2, (k - main) // 2:
+            if b <= 0:
+                continue
+            att[o : o + b, :main] = True
+            att[o : o + b, o : o + b] = torch.ones(b, b, dtype=torch.bool).tril()
+            depth += range(main, main + b)
+            o += b
+        return cls(att, tuple(depth))
+
 
 def finite(logits: torch.Tensor, model: str) -> torch.Tensor:
     """``logits`` (the rows a forward returns), checked: one reduction over them, each row's maximum (NaN

@@ -14,8 +14,9 @@ import numpy as np
 import torch
 
 from ..errors import PacerError
-from ..policies.base import DRAFT_FEATURES, DraftPolicy, DraftState
+from ..policies.base import DraftPolicy
 from ..pricing import UNPRICED, Pricer
+from ..rounds import DRAFT_FEATURES, DraftState
 from ..sampling import SamplingConfig, argmax, softmax_stats, top_two
 from .backend import HIDDEN_SPLIT
 from .tree import Draft

@@ -33,7 +33,9 @@ import time
 
 import torch
 
-from ..policies.base import DraftPolicy, RoundResult
+from ..policies.base import DraftPolicy
+from ..pricing import UNPRICED, Pricer
+from ..rounds import RoundResult
 from ..sampling import (
     SamplingConfig,
     acceptance_probs,
@@ -90,13 +92,16 @@ def speculative_generate(
     out: Output,
     sampling: SamplingConfig,
     stats: GenerationStats,
+    pricer: Pricer = UNPRICED,
 ) -> list[int]:
-    """Speculative decoding with draft length chosen by ``policy`` (see the module docstring for the steps)."""
+    """Speculative decoding with draft length chosen by ``policy`` (see the module docstring for the steps);
+    ``pricer``: what a round costs and yields (:mod:`pacer.pricing`; the method factory's, the cost rule's own
+    one), priced at each round's context and handed to the drafter with every ``propose``."""
     gen = sampling.generator(target.device)  # sampling happens where the target's probabilities are
     target.reset()
     drafter.reset()
     policy.reset()
-    pricer = policy.pricer  # what a round costs: the length rule's and the drafter's one answer
+    pricer.begin(sampling.greedy)
     tokens = list(prompt)
     with recording(stats.calls):  # every forward below is in stats.calls (the breakdown, the profile clock)
         start = time.perf_counter()
@@ -108,7 +113,7 @@ def speculative_generate(
             # 1. propose: at most what the policy, the budget (the round's target token is always emitted) and
             #    the context allow
             budget = min(policy.max_draft, out.remaining - 1, target.context - len(tokens) - 1)
-            pricer.at(len(tokens))  # the round is priced where it runs
+            pricer.set_context(len(tokens))  # the round is priced where it runs
             t0 = time.perf_counter()
             draft = drafter.propose(tokens, policy, max(budget, 0), sampling, gen, remaining=out.remaining,
                                     pricer=pricer)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..policies.base import DraftState
+from ..rounds import DraftState
 from ..sampling import argmax
 from .backend import Tree
 
@@ -43,11 +43,12 @@ class Draft:
     bonus_row: int = -1
     #: seconds of the drafter's own bookkeeping in this proposal (a phrase pool's lookups and learning)
     pool_time: float = 0.0
-    #: the drafter's estimate of the accepted tokens per branch token, passed to the policy that prices the branches
-    #: (:meth:`pacer.pricing.Pricer.branch_room`; ``None``: the pricer's own)
+    #: the drafter's estimate of the accepted tokens per branch token, passed to the generation's pricer that sizes
+    #: the branches (:meth:`pacer.pricing.Pricer.branch_room`; ``None``: the pricer's own)
     branch_yield: float | None = None
-    #: the branch tokens the drafter priced itself (a phrase verified alone, without the draft model): the loop
-    #: scores them as they are (``None``: the policy prices the branches)
+    #: the branch tokens after ``d_γ`` the drafter sized itself with the generation's pricer (a phrase verified alone,
+    #: a round's candidates): the loop scores them as they are (``None``: the loop asks the pricer, for a drafter
+    #: that leaves its branches unsized)
     branch_total: int | None = None
 
     #: the most unread tokens a tree forward may carry: a tree's mask covers every token of the forward, so over a

@@ -263,6 +263,8 @@ class PhraseDrafter(TokenDrafter):
             self._origins = self._timed(self.branches.for_pool_round, tokens, draft)
             self._leftover = []
             draft.branch_yield = self.branches.pool_yield(tokens)
+        if draft.branches and draft.branch_total is None:  # sized here, once: the loop scores them as they are
+            draft.branch_total = pricer.branch_room(len(draft.tokens), draft.branch_yield)
         return self._finish(draft)
 
     def _finish(self, draft: Draft) -> Draft:

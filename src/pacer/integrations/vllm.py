@@ -23,14 +23,14 @@ sees token ids only: no request ids, no hidden states, no sampling settings, no 
   extend (:class:`RowMemory`). Identical prefixes in two rows get two states; states not seen for ``max_idle`` calls
   are dropped (the request ended or was preempted for long).
 * *Acceptance is learned per request*: the tokens a row committed tell how many of its last draft were accepted
-  (:func:`observed_acceptance`); they update the row's :class:`pacer.policies.cost_aware.CostMemory` (its survival
+  (:func:`observed_acceptance`); they update the row's :class:`pacer.pricing.CostMemory` (its survival
   calibrator).
 * *Drafts* are prompt lookup, as pacer's ``lookup`` method (:mod:`pacer.methods.lookup`): continuations of the
   longest matching n-gram in a :class:`pacer.drafters.phrase.PhrasePool` of the request's prompt and output, each
   token with the lookup's confidence for its key length (:func:`lookup_draft`); the survival of ``d_1..d_i`` is the
   product of the confidences, calibrated by the row's memory (:func:`survival`), as pacer's cost-aware rule does.
-* *Lengths* (:func:`allocate`): all rows share one target forward, so the rule is pacer's
-  :func:`pacer.policies.cost_aware.gain_pays` on the batch: a forward scoring ``B`` decoding rows and ``D`` draft
+* *Lengths* (:func:`pacer.pricing.batch_lengths`): all rows share one target forward, so the rule is pacer's
+  :func:`pacer.pricing.gain_pays` on the batch: a forward scoring ``B`` decoding rows and ``D`` draft
   tokens yields ``E = B + Σ S`` tokens in ``c_t(B + D)`` seconds; the next draft token with the highest survival is
   added while it raises ``E / c_t``. For one row this is exactly pacer's single-generation rule for looked-up (free)
   tokens. Rows therefore get different lengths in one step: a row whose lookup is confident drafts long, one without a
@@ -57,19 +57,19 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..bounds import MAX_KEY, MAX_PHRASE, MAX_POOL, Count
-from ..costs import BadField, Costs, show_value
+from ..costs import BadField, ContextCosts, Costs, show_value
 from ..decoding.meter import TARGET, Call
 from ..drafters.lookup import KEY_CONFIDENCE
 from ..drafters.pool import PhrasePool
 from ..errors import PacerError
-from ..policies.cost_aware import CostMemory, gain_pays
+from ..pricing import CostMemory, batch_lengths
 from ..profiles import FORMAT as PROFILE_FORMAT
 from ..profiles import Profile
 
@@ -187,35 +187,6 @@ def survival(memory: CostMemory, confidence: list[float]) -> tuple[list[float], 
         raw.append(r)
         S.append(prev)
     return raw, S
-
-
-def allocate(S_rows: list[list[float]], costs: Costs, decoding: int | None = None) -> list[int]:
-    """Each row's draft length: greedily the next draft token with the highest survival, while
-    :func:`pacer.policies.cost_aware.gain_pays` says it raises the batch's expected tokens per second.
-    ``S_rows[r]``: row ``r``'s ``S_1..S_γ`` (non-increasing); ``decoding``: rows the forward scores one token for
-    anyway (default: all rows).
-
-    The batch as one round for ``gain_pays``: the ``B - 1`` other rows' certain tokens are survivals of 1, so
-    ``E = 1 + (B - 1) + Σ S = B + Σ S`` and ``c_t(n + 1) = c_t(B + D)`` with ``D`` the drafted tokens: the forward that
-    scores every row. Looked-up tokens are free (no draft forward)."""
-    B = len(S_rows) if decoding is None else decoding
-    lengths = [0] * len(S_rows)
-    if B < 1:
-        return lengths
-    S_all = [1.0] * (B - 1)
-    c_p = costs.policy_per_check
-    while True:
-        best, r_best = -1.0, -1
-        for r, S in enumerate(S_rows):
-            if lengths[r] < len(S) and S[lengths[r]] > best:
-                best, r_best = S[lengths[r]], r
-        if r_best < 0 or best <= 0.0:
-            return lengths
-        drafted = len(S_all) - (B - 1)
-        if not gain_pays(S_all, best, costs, spent=drafted * c_p, free=True):
-            return lengths
-        S_all.append(best)
-        lengths[r_best] += 1
 
 
 def observed_acceptance(draft: list[int], committed: list[int]) -> tuple[int, int]:
@@ -339,27 +310,21 @@ class PacerPlanner:
         self.k, self.ngram, self.key_len, self.pool_size, self.max_len = k, ngram, key_len, pool_size, max_len
         costs, _ = load_costs(costs)  # checked however they come (DEFAULT_COSTS for None)
         self.profile = costs if isinstance(costs, Profile) else None
-        self._costs_at: dict[int, Costs] = {}
-        self.costs = costs.monotone() if isinstance(costs, Costs) else self.costs_at(self.CONTEXT_STEP)
+        #: the target's costs by context, the one shape pacer prices with (:class:`pacer.costs.ContextCosts`)
+        self.curve = ContextCosts(self._batch_costs, step=self.CONTEXT_STEP, up=True) if self.profile is not None \
+            else ContextCosts.fixed(costs)
+        self.costs = self.curve.costs(self.CONTEXT_STEP)
         self.rows = RowMemory(capacity, max_idle)
         self.calls = 0
         self.last: StepLog | None = None
 
-    def costs_at(self, context: int) -> Costs:
-        """The target's costs for a forward after ``context`` cached tokens: the given :class:`Costs`, or the
-        profile's curve there (:meth:`pacer.profiles.Profile.costs`) extended to batch-sized forwards with
-        :meth:`~pacer.profiles.Profile.price`, made monotone; cached per :attr:`CONTEXT_STEP`."""
-        if self.profile is None:
-            return self.costs
-        c = -(-max(1, context) // self.CONTEXT_STEP) * self.CONTEXT_STEP
-        cache = self._costs_at
-        if c not in cache:
-            base = self.profile.costs(c)
-            kmax = max(base.target)
-            extra = {k: self.profile.price(Call(TARGET, k, c, False, 0.0)) for k in self.BATCH_KS if k > kmax}
-            cache[c] = Costs(base.draft, {**base.target, **extra}, base.policy_per_check, base.draft_prefill,
-                             dict(base.tree)).monotone()
-        return cache[c]
+    def _batch_costs(self, context: int) -> Costs:
+        """A profile's costs after ``context`` cached tokens (:meth:`pacer.profiles.Profile.costs`) extended to
+        batch-sized forwards as :meth:`~pacer.profiles.Profile.price` prices them."""
+        base = self.profile.costs(context)
+        kmax = max(base.target)
+        extra = {k: self.profile.price(Call(TARGET, k, context, False, 0.0)) for k in self.BATCH_KS if k > kmax}
+        return replace(base, target={**base.target, **extra})
 
     def new_state(self) -> RowState:
         return RowState(PhrasePool(self.ngram, self.pool_size, self.key_len))
@@ -411,7 +376,7 @@ class PacerPlanner:
             candidates[i] = len(drafts[i])
         decoding = sum(s is not None for s in states)
         context = sum(lens) // max(1, decoding)
-        lengths = allocate(S_rows, self.costs_at(context), decoding)
+        lengths = batch_lengths(S_rows, self.curve.costs(context), decoding)
         out: list[list[int]] = []
         for i, state in enumerate(states):
             if state is None:

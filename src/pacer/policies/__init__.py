@@ -11,7 +11,8 @@ Re-exported here: the interface, the rules and the oracle (light, and importing 
 :mod:`.learned` and :mod:`.cost_aware` are imported by their full path.
 """
 
-from .base import DRAFT_FEATURES, DraftPolicy, DraftState, RoundResult
+from ..rounds import DRAFT_FEATURES, DraftState, RoundResult
+from .base import DraftPolicy
 from .oracle import OraclePolicy
 from .rules import ConfidencePolicy, CumProbPolicy, EntropyPolicy, FixedPolicy, HeuristicPolicy, LookupPolicy
 

@@ -11,11 +11,7 @@ only answers the question in between. Every method of the project uses the same 
 from __future__ import annotations
 
 from ..errors import PacerError
-from ..pricing import UNPRICED, Pricer
 from ..rounds import DRAFT_FEATURES, DraftState, RoundResult
-
-#: the round's data, where the policies' readers look for it (defined in :mod:`pacer.rounds`)
-__all__ = ["DRAFT_FEATURES", "DraftPolicy", "DraftState", "RoundResult"]
 
 
 class DraftPolicy:
@@ -29,7 +25,7 @@ class DraftPolicy:
     ``needs_target_hidden`` (the target's final hidden state at the bonus position), ``check_seconds`` (what one
     :meth:`should_continue` costs, for the cost model), ``needs_reference`` (before generating, the drafter's
     agreement with the target's own greedy continuation through :meth:`set_reference`: the oracle), ``greedy_only``
-    (defined for greedy decoding only), ``exact_survival`` and the generation's ``pricer``. Hooks the caller uses:
+    (defined for greedy decoding only) and ``exact_survival``. Hooks the caller uses:
     :meth:`prepare` (before a generation, with the decoding mode) and :meth:`report` (after it)."""
 
     name = "policy"
@@ -51,10 +47,6 @@ class DraftPolicy:
     greedy_only: bool = False
     #: :meth:`survival_next` is the exact probability, not a score to calibrate (the oracle)
     exact_survival: bool = False
-    #: what prices this generation's rounds (:mod:`pacer.pricing`): the loop hands it to the drafter; a policy
-    #: without a cost model leaves it :data:`~pacer.pricing.UNPRICED` (the cost-aware rule holds a
-    #: :class:`~pacer.pricing.CostPricer`)
-    pricer: Pricer = UNPRICED
 
     def __init__(self, min_draft: int = 1, max_draft: int = 16) -> None:
         if min_draft < 0 or max_draft <= 0 or min_draft > max_draft:

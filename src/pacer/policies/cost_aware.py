@@ -30,20 +30,9 @@ import math
 from dataclasses import dataclass, field
 
 from ..costs import Costs
-from ..pricing import (
-    TYPICAL_ACCEPTANCE,
-    CostMemory,
-    CostPricer,
-    SurvivalCalibrator,
-    catch_up_pays,
-    gain_pays,
-    predicted_round,
-)
-from .base import DraftPolicy, DraftState, RoundResult
-
-#: the rule's arithmetic, where the rule's readers look for it (defined in :mod:`pacer.pricing`)
-__all__ = ["TYPICAL_ACCEPTANCE", "CostAwarePolicy", "CostMemory", "CostReport", "SurvivalCalibrator",
-           "catch_up_pays", "gain_pays", "predicted_round"]
+from ..pricing import CostMemory, CostPricer, SurvivalCalibrator
+from ..rounds import DraftState, RoundResult
+from .base import DraftPolicy
 
 
 @dataclass
@@ -87,9 +76,6 @@ class CostAwarePolicy(DraftPolicy):
         self.inner, self.length = inner, length
         self.pricer = costs if isinstance(costs, CostPricer) else \
             CostPricer(costs, memory, refine, inner.max_draft, source)
-        #: the decoder's memory of this method, kept across its greedy generations (a sampled one starts afresh:
-        #: :meth:`prepare`)
-        self.shared_memory = self.pricer.memory
         self.hidden_layers = inner.hidden_layers
         self.draft_features = inner.draft_features
         self.needs_soft = inner.needs_soft
@@ -107,6 +93,12 @@ class CostAwarePolicy(DraftPolicy):
     @property
     def memory(self) -> CostMemory:
         return self.pricer.memory
+
+    @property
+    def shared_memory(self) -> CostMemory:
+        """The decoder's memory of this method, kept across its greedy generations (a sampled one starts afresh:
+        :meth:`pacer.pricing.CostPricer.begin`)."""
+        return self.pricer.shared_memory
 
     @property
     def calibrator(self) -> SurvivalCalibrator:
@@ -132,15 +124,15 @@ class CostAwarePolicy(DraftPolicy):
         """Extend the pricer's ``S`` (and the raw scores ``raw``, ``None`` where the policy has none) to
         ``state.n`` entries; positions the loop did not ask about (below ``min_draft``) get the score of the first
         one asked. The wrapped policy is asked only where ``S`` is short (a layer's score costs a check)."""
-        S = self.pricer.S
-        if len(S) >= state.n:
+        p = self.pricer
+        if len(p.S) >= state.n:
             return
         raw = self.inner.survival(state)
-        while len(S) < state.n:
-            i = len(S) + 1
+        while len(p.S) < state.n:
+            i = len(p.S) + 1
             self.raw.append(raw)
-            prev = S[-1] if S else 1.0
-            S.append(prev * self.pricer.alpha(i) if raw is None else min(prev, self.calibrator(raw)))
+            prev = p.S[-1] if p.S else 1.0
+            p.survive(prev * p.alpha(i) if raw is None else min(prev, self.calibrator(raw)))
 
     def should_continue(self, state: DraftState) -> bool:
         if not self.inner.should_continue(state):
@@ -193,10 +185,7 @@ class CostAwarePolicy(DraftPolicy):
         fresh :class:`CostMemory`, not what the decoder's earlier generations taught it, which greedy generations
         keep using and extending), so that a seeded sample is reproducible whatever ran before it on the decoder."""
         self.inner.prepare(greedy)
-        shared = self.shared_memory
-        self.pricer.memory = shared if greedy else CostMemory(shared.alpha0, shared.prior, len(shared.hits) - 1)
-        if not greedy:
-            self.pricer.refine = 0.0
+        self.pricer.begin(greedy)
 
     @property
     def needs_reference(self) -> bool:

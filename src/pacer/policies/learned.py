@@ -37,7 +37,8 @@ from ..preverify.features import (
     scalar_features,
 )
 from ..preverify.layer import PrefixState, PreVerifier, TokenHead
-from .base import DraftPolicy, DraftState, RoundResult
+from ..rounds import DraftState, RoundResult
+from .base import DraftPolicy
 
 if TYPE_CHECKING:
     from ..pair import Pair

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ..errors import PacerError
-from .base import DraftPolicy, DraftState, RoundResult
+from ..rounds import DraftState, RoundResult
+from .base import DraftPolicy
 
 
 class OraclePolicy(DraftPolicy):

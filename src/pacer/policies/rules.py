@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 
 from ..errors import PacerError
-from .base import DraftPolicy, DraftState, RoundResult
+from ..rounds import DraftState, RoundResult
+from .base import DraftPolicy
 
 
 class FixedPolicy(DraftPolicy):

@@ -31,7 +31,8 @@ from .. import backends
 from ..data.mix import CATEGORIES, TrainingPrompt, training_mix
 from ..errors import PacerError
 from ..io import atomic_write_bytes, atomic_write_text
-from ..policies import DRAFT_FEATURES, DraftState, FixedPolicy, RoundResult
+from ..policies import FixedPolicy
+from ..rounds import DRAFT_FEATURES, DraftState, RoundResult
 from ..sampling import SamplingConfig
 from .features import FeatureSpec, RoundHistory, needs_target_hidden, needs_target_state, scalar_features
 

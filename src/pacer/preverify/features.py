@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..policies.base import DraftState
+from ..rounds import DraftState
 
 #: name -> (state, token index, spec, history) -> value
 SCALARS: dict[str, Callable[[DraftState, int, FeatureSpec, RoundHistory], float]] = {

@@ -582,7 +582,7 @@ def retune(ckpt: Path, data_dir: Path, costs: Costs, min_draft: int | None = Non
     rounds = to_rounds(data, spec.max_draft, target_hidden=needs_target_hidden(spec))
     va = rounds if held_out else split(rounds, cfg["train"]["val_frac"], cfg["train"]["seed"])[1]
     md = cfg["min_draft"] if min_draft is None else min_draft
-    costs = Costs(costs.draft, costs.target, float(cfg.get("check_seconds", costs.policy_per_check)))
+    costs = costs.chain(float(cfg["check_seconds"]) if "check_seconds" in cfg else None)
     report = evaluate(cfg["kind"], model, va, mu, sd, cfg["block"], costs, md)
     cfg.update(threshold=report["threshold"], costs=costs.to_dict(), min_draft=md,
                validation={k: v for k, v in report.items() if k != "sweep"}, sweep=report["sweep"],

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from ..costs import Costs
+from ..pricing import round_seconds
 
 #: rule -> (the scalar it reads, stop when the value is ``below``/``above`` θ, whether the value is the running
 #: product over the draft so far)
@@ -67,16 +68,15 @@ def predicted_speedup(lengths: np.ndarray, csum: np.ndarray, costs: Costs, check
     """Predicted speedup over plain decoding of drafting ``lengths[r]`` tokens in round ``r`` (module docstring)."""
     lengths = lengths.astype(np.int64)
     tokens = csum[np.arange(len(lengths)), lengths] + 1
-    cost = lengths * costs.draft + np.array([costs.target_cost(int(L) + 1) for L in lengths])
-    if checks is not None:
-        cost = cost + checks * costs.policy_per_check
-    return float(tokens.sum() / cost.sum() * costs.target_cost(1))
+    cost = np.array([round_seconds(costs, int(L), checks=0 if checks is None else c)
+                     for L, c in zip(lengths, lengths if checks is None else checks, strict=True)])
+    return float(tokens.sum() / cost.sum() * round_seconds(costs, 0))
 
 
 def oracle_lengths(csum: np.ndarray, m: np.ndarray, costs: Costs) -> np.ndarray:
     """Per round, the length ``0..m_r`` with the most expected tokens per second."""
     M = csum.shape[1] - 1
-    cost = np.array([L * costs.draft + costs.target_cost(L + 1) for L in range(M + 1)])
+    cost = np.array([round_seconds(costs, L, checks=0) for L in range(M + 1)])
     rate = (csum + 1) / cost[None, :]
     rate[np.arange(M + 1)[None, :] > m[:, None]] = -1.0
     return rate.argmax(1)
@@ -141,15 +141,8 @@ def fit_features_only(scalars: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
 
 
 def profiles(costs: Costs, max_k: int) -> dict[str, Costs]:
-    """The cost curves of the module docstring, from the measured ``costs``."""
-    c1 = costs.target_cost(1)
-    ks = range(1, max_k + 2)
-    return {
-        "measured": costs,
-        "flat": Costs(costs.draft, dict.fromkeys(ks, c1), costs.policy_per_check),
-        "linear": Costs(costs.draft, {k: k * c1 for k in ks}, costs.policy_per_check),
-        "gpu": Costs(0.3 * c1, {k: c1 * (1 + 0.01 * (k - 1)) for k in ks}, costs.policy_per_check * 0.3),
-    }
+    """The cost curves of the module docstring, from the measured ``costs`` (:meth:`pacer.costs.Costs.shapes`)."""
+    return {"measured": costs, **costs.shapes(max_k)}
 
 
 def rule_values(rule: str, scalars: np.ndarray, scalar_names: list[str]) -> np.ndarray:

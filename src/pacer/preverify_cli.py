@@ -6,13 +6,13 @@ import argparse
 import json
 from pathlib import Path
 
-from .. import backends
-from ..args import add_model_args
-from ..bounds import MAX_EPOCHS, MAX_NEW_TOKENS, MAX_PROMPTS, MAX_SEED, MAX_SHARD, MAX_WIDTH, MIN_SEED, Count
-from ..costs import Costs
-from ..errors import PacerError
-from ..io import check_out_dir, check_out_file
-from ..methods.registry import MAX_DRAFT
+from . import backends
+from .args import add_model_args
+from .bounds import MAX_EPOCHS, MAX_NEW_TOKENS, MAX_PROMPTS, MAX_SEED, MAX_SHARD, MAX_WIDTH, MIN_SEED, Count
+from .costs import Costs
+from .errors import PacerError
+from .io import check_out_dir, check_out_file
+from .methods.registry import MAX_DRAFT
 
 
 def measure_costs(dec) -> Costs:
@@ -32,7 +32,7 @@ def read_costs(path: str):
     """The costs JSON written by ``pacer tune --measure-costs``, or a cost profile (``pacer calibrate --export``,
     ``docs/profiles/``: its costs at a short context), so that thresholds are chosen under the profile a benchmark
     prices with; a bad file is a one-line error."""
-    from ..io import BadJson, read_json
+    from .io import BadJson, read_json
 
     make = "make one with pacer tune --measure-costs or pacer calibrate --export"
     try:
@@ -43,7 +43,7 @@ def read_costs(path: str):
         raise PacerError(f"costs file {path} is not a costs JSON ({make}): {e.reason}") from None
     try:
         if isinstance(doc, dict) and str(doc.get("format", "")).startswith("pacer-profile/"):
-            from ..profiles import Profile
+            from .profiles import Profile
 
             return Profile.from_dict(doc, f"cost profile {path}").costs()
         return Costs.from_dict(doc)
@@ -67,9 +67,9 @@ def _temperatures(text: str) -> tuple[float, ...]:
 
 
 def cmd_collect(args) -> int:
-    from ..args import load_decoder
-    from .collect import collect
-    from .features import FeatureSpec
+    from .args import load_decoder
+    from .preverify.collect import collect
+    from .preverify.features import FeatureSpec
 
     if args.n <= 0 or args.max_new_tokens <= 0 or args.max_draft <= 0:
         raise PacerError("--n, --max-new-tokens and --max-draft must be >= 1")
@@ -90,7 +90,7 @@ def cmd_collect(args) -> int:
         raise PacerError(f"pacer collect recorded no draft token from {manifest['prompts_done']} prompt(s) into "
                          f"{args.out}; nothing to train on (raise --max-new-tokens or choose other prompts)")
     if "costs" not in manifest:
-        from ..io import atomic_write_text
+        from .io import atomic_write_text
 
         manifest["costs"] = measure_costs(dec).to_dict()
         atomic_write_text(Path(args.out) / "manifest.json", json.dumps(manifest, indent=2) + "\n")
@@ -100,7 +100,7 @@ def cmd_collect(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from .train import train
+    from .preverify.train import train
 
     check_out_dir(args.out)
     costs = read_costs(args.costs) if args.costs else None
@@ -114,7 +114,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    from .train import retune
+    from .preverify.train import retune
 
     # every bad combination fails before the (slow) model loading and cost measurement
     if not args.checkpoint and not args.measure_costs:
@@ -126,8 +126,8 @@ def cmd_tune(args) -> int:
     costs = read_costs(args.costs) if args.checkpoint and not args.measure_costs else None
     if args.measure_costs:
         check_out_file(args.measure_costs, "--measure-costs")  # before any model loads
-        from ..args import load_decoder
-        from ..io import atomic_write_text
+        from .args import load_decoder
+        from .io import atomic_write_text
 
         dec = load_decoder(args)
         costs = measure_costs(dec)
