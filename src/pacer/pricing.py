@@ -192,6 +192,10 @@ class CostMemory:
         self.branch_offered = self.branch_gained = 0.0  # candidate-branch tokens scored / accepted
         self.pool_offered = self.pool_gained = 0.0  # the same for branches in rounds that drafted nothing
 
+    def fresh(self) -> CostMemory:
+        """A memory as this one began: the same prior, nothing learnt."""
+        return CostMemory(self.alpha0, self.prior, len(self.hits) - 1)
+
     def alpha(self, i: int = 1) -> float:
         """``α_i``; a position seen rarely leans on the one before it (its prior is ``α_{i-1}``, weight
         ``prior``), so a position a short-drafting rule never reaches is not stuck at the initial prior."""
@@ -309,11 +313,9 @@ class CostPricer(Pricer):
     context (:meth:`set_context`) and hands it to the drafter; the cost rule tells it the round in progress
     (:meth:`survive`, :meth:`spend`): every question about a round is answered on the same numbers.
 
-    ``refine``: after every round (the first of a generation, which holds the draft's prefill, excepted) the measured
-    draft time per token and target time of the round update running averages (weight ``refine``, each clipped to
-    [1/4, 4]), as multipliers of ``c_d`` and the ``c_t`` curve: load on the machine shifts the decisions. 0 keeps
-    the given costs as they are. ``max_draft``: the longest draft the length rule allows (a draft round's bound in
-    :meth:`draft_rate`)."""
+    ``refine``: after every round (but a generation's first, which holds the draft's prefill) the measured draft time
+    per token and target time update running averages (weight ``refine``, clipped to [1/4, 4]) that scale ``c_d``
+    and the ``c_t`` curve; 0 keeps the given costs. ``max_draft``: the length rule's longest draft."""
 
     priced = True
     #: the most candidate-branch tokens one verification may score
@@ -325,19 +327,14 @@ class CostPricer(Pricer):
                  max_draft: int = 16, source: str = "") -> None:
         self.curve = costs if isinstance(costs, ContextCosts) else ContextCosts.fixed(costs)
         self.memory, self.max_draft, self.source = memory or CostMemory(), max_draft, source
-        #: the decoder's memory of this method, kept and extended by its greedy generations (:meth:`begin`)
-        self.shared_memory = self.memory
+        self.shared_memory = self.memory  # the decoder's, kept and extended by greedy generations
         self.refine_greedy = self.refine = refine
         self.reset()
 
     def begin(self, greedy: bool) -> None:
-        """A new generation (:meth:`reset`). A sampled one decides from the calibration alone (no refinement from
-        timings) and from the initial memory (a fresh :class:`CostMemory`, not what earlier generations taught the
-        decoder's, which greedy generations keep using and extending), so that a seeded sample is reproducible
-        whatever ran before it on the decoder."""
+        """A new generation (:meth:`reset`); a sampled one unrefined, from a fresh memory (a seed reproduces)."""
         self.refine = self.refine_greedy if greedy else 0.0
-        shared = self.shared_memory
-        self.memory = shared if greedy else CostMemory(shared.alpha0, shared.prior, len(shared.hits) - 1)
+        self.memory = self.shared_memory if greedy else self.shared_memory.fresh()
         self.reset()
 
     # --------------------------------------------------------------------------------------- a generation
