@@ -622,3 +622,21 @@ def test_drafters_and_the_pricer_have_no_class_longer_than_two_screens():
                 if isinstance(n, ast.ClassDef) and n.end_lineno - n.lineno + 1 > CLASS_LINES:
                     long[f"{m}.{n.name}"] = n.end_lineno - n.lineno + 1
     assert not long, long
+
+
+def _block_attributes(path: Path) -> set[int]:
+    """Lines of ``path`` that read or set an attribute named ``block`` (``x.block``)."""
+    nodes = ast.walk(ast.parse(path.read_text()))
+    return {n.lineno for n in nodes if isinstance(n, ast.Attribute) and n.attr == "block"}
+
+
+def test_block_has_a_name_per_meaning(tmp_path):
+    """Three things are called a block, each named apart in the code: the pre-verification layer's ``block_size``,
+    block verification (``verify="block"``, a string) and the cache's ``file_block``; an attribute named plain
+    ``block`` (``self.block``, ``args.block``) fails here. The user-facing names (the ``block`` option, ``--block``,
+    ``--verify block``) are strings, not attributes."""
+    found = {m: lines for m, p in modules().items() if (lines := _block_attributes(p))}
+    assert not found, f"attributes named plain 'block' (block_size, file_block or verify='block'): {found}"
+    planted = tmp_path / "layer.py"
+    planted.write_text("class L:\n    def __init__(self, block):\n        self.block = block\n")
+    assert _block_attributes(planted) == {3}
