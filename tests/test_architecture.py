@@ -640,3 +640,38 @@ def test_block_has_a_name_per_meaning(tmp_path):
     planted = tmp_path / "layer.py"
     planted.write_text("class L:\n    def __init__(self, block):\n        self.block = block\n")
     assert _block_attributes(planted) == {3}
+
+
+def _length_switches(path: Path) -> set[str]:
+    """The classes of ``path`` with a ``length`` switch: an ``__init__`` argument or an attribute set on ``self``."""
+    out = set()
+    for cls in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        for fn in cls.body:
+            if isinstance(fn, ast.FunctionDef) and fn.name == "__init__" and \
+                    "length" in {a.arg for a in fn.args.args + fn.args.kwonlyargs}:
+                out.add(cls.name)
+        for n in ast.walk(cls):
+            if isinstance(n, ast.Attribute) and n.attr == "length" and isinstance(n.ctx, ast.Store) \
+                    and isinstance(n.value, ast.Name) and n.value.id == "self":
+                out.add(cls.name)
+    return out
+
+
+def test_no_policy_has_a_length_switch(tmp_path):
+    """A policy decides the draft length; a literal rule whose extras are priced is that rule and a pricer, never a
+    cost rule told not to decide (``CostAwarePolicy(length=False)``). Fails where any class of
+    :mod:`pacer.policies` (``CostAwarePolicy`` included) takes or keeps a ``length`` switch."""
+    found = {f"{m}.{c}" for m, p in modules().items() if m.startswith(f"{ROOT}.policies")
+             for c in _length_switches(p)}
+    assert not found, found
+    import inspect
+
+    from pacer.policies.cost_aware import CostAwarePolicy
+
+    assert "length" not in inspect.signature(CostAwarePolicy).parameters
+    planted = tmp_path / "rule.py"
+    planted.write_text("class Rule:\n    def __init__(self, inner, length=True):\n        self.inner = inner\n"
+                       "class Other:\n    def reset(self):\n        self.length = False\n")
+    assert _length_switches(planted) == {"Rule", "Other"}
