@@ -622,3 +622,56 @@ def test_drafters_and_the_pricer_have_no_class_longer_than_two_screens():
                 if isinstance(n, ast.ClassDef) and n.end_lineno - n.lineno + 1 > CLASS_LINES:
                     long[f"{m}.{n.name}"] = n.end_lineno - n.lineno + 1
     assert not long, long
+
+
+def _block_attributes(path: Path) -> set[int]:
+    """Lines of ``path`` that read or set an attribute named ``block`` (``x.block``)."""
+    nodes = ast.walk(ast.parse(path.read_text()))
+    return {n.lineno for n in nodes if isinstance(n, ast.Attribute) and n.attr == "block"}
+
+
+def test_block_has_a_name_per_meaning(tmp_path):
+    """Three things are called a block, each named apart in the code: the pre-verification layer's ``block_size``,
+    block verification (``verify="block"``, a string) and the cache's ``file_block``; an attribute named plain
+    ``block`` (``self.block``, ``args.block``) fails here. The user-facing names (the ``block`` option, ``--block``,
+    ``--verify block``) are strings, not attributes."""
+    found = {m: lines for m, p in modules().items() if (lines := _block_attributes(p))}
+    assert not found, f"attributes named plain 'block' (block_size, file_block or verify='block'): {found}"
+    planted = tmp_path / "layer.py"
+    planted.write_text("class L:\n    def __init__(self, block):\n        self.block = block\n")
+    assert _block_attributes(planted) == {3}
+
+
+def _length_switches(path: Path) -> set[str]:
+    """The classes of ``path`` with a ``length`` switch: an ``__init__`` argument or an attribute set on ``self``."""
+    out = set()
+    for cls in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        for fn in cls.body:
+            if isinstance(fn, ast.FunctionDef) and fn.name == "__init__" and \
+                    "length" in {a.arg for a in fn.args.args + fn.args.kwonlyargs}:
+                out.add(cls.name)
+        for n in ast.walk(cls):
+            if isinstance(n, ast.Attribute) and n.attr == "length" and isinstance(n.ctx, ast.Store) \
+                    and isinstance(n.value, ast.Name) and n.value.id == "self":
+                out.add(cls.name)
+    return out
+
+
+def test_no_policy_has_a_length_switch(tmp_path):
+    """A policy decides the draft length; a literal rule whose extras are priced is that rule and a pricer, never a
+    cost rule told not to decide (``CostAwarePolicy(length=False)``). Fails where any class of
+    :mod:`pacer.policies` (``CostAwarePolicy`` included) takes or keeps a ``length`` switch."""
+    found = {f"{m}.{c}" for m, p in modules().items() if m.startswith(f"{ROOT}.policies")
+             for c in _length_switches(p)}
+    assert not found, found
+    import inspect
+
+    from pacer.policies.cost_aware import CostAwarePolicy
+
+    assert "length" not in inspect.signature(CostAwarePolicy).parameters
+    planted = tmp_path / "rule.py"
+    planted.write_text("class Rule:\n    def __init__(self, inner, length=True):\n        self.inner = inner\n"
+                       "class Other:\n    def reset(self):\n        self.length = False\n")
+    assert _length_switches(planted) == {"Rule", "Other"}

@@ -557,29 +557,38 @@ def test_a_literal_rule_keeps_its_length_and_its_extras_are_priced():
     """A fixed γ or a threshold decides the length alone (even where the cost rule would draft nothing), while the
     branches and phrases an Ouroboros drafter adds are priced on the decoder's costs: none on a curve where a
     scored token costs a forward, the same as under the cost rule on a flat one; ``cost_aware=False`` opts out, and
-    a method that adds nothing priced (``sd``) is left as it is."""
+    a method that adds nothing priced (``sd``) is left as it is. The literal rule is not wrapped: its pricer
+    learns the round from the drafter's handshake (fails where the handshake does not tell the pricer what was
+    drafted: the round's survivals and seconds stay empty)."""
     from pacer import methods
     from pacer.cli import cost_note
+    from pacer.decoding.drafter import Proposal
     from pacer.drafters.pool import clear_shared_pools
+    from pacer.pricing import token_seconds
 
     steep = Costs(LINEAR.draft, LINEAR.target, draft_curve={1: 0.135, 2: 0.27, 8: 1.08})  # c_d(k) ∝ k too
     for costs in (steep, FLAT):
         dec = decoder("close", costs)
         pol = dec.make_policy("ouroboros", gamma=4)
-        assert isinstance(pol, CostAwarePolicy) and not pol.length and isinstance(pol.inner, FixedPolicy)
-        st = DraftState()
+        assert type(pol) is FixedPolicy
+        pricer = dec.pricer_of(pol)
+        assert pricer.priced
+        pricer.begin(True)
+        p = Proposal(pol, 16, pricer=pricer)
         for n in range(4):  # γ = 4 drafted whatever the costs
-            assert pol.should_continue(st)
-            st.tokens.append(n)
-        assert not pol.should_continue(st)
-        assert (pol.pricer.branch_room(4) == 0) == (costs is steep)
-        assert (pol.pricer.phrase_room(1, [0.9] * 4) == 0) == (costs is steep)
-        assert pol.describe().endswith("extras priced")
+            assert p.ask()
+            p.state.tokens.append(n)
+        assert not p.ask()
+        assert len(pricer.S) == 4 - pol.min_draft and pricer.S[-1] < 1.0  # its survivals, as the handshake said
+        assert pricer.spent == pytest.approx(4 * token_seconds(pricer.costs))
+        assert (pricer.branch_room(4) == 0) == (costs is steep)
+        assert (pricer.phrase_room(1, [0.9] * 4) == 0) == (costs is steep)
         assert methods.get("pacer+ouroboros").extras and not methods.get("pacer").extras
         assert isinstance(dec.make_policy("sd", gamma=4), FixedPolicy)
+        assert dec.pricer_of(dec.make_policy("sd", gamma=4)) is UNPRICED
         assert isinstance(dec.make_policy("ouroboros", gamma=4, cost_aware=False), FixedPolicy)
+        assert dec.pricer_of(dec.make_policy("ouroboros", gamma=4, cost_aware=False)) is UNPRICED
         assert isinstance(dec.make_policy("ouroboros", gamma=4, cost_aware=True).inner, FixedPolicy)
-        assert dec.make_policy("ouroboros", gamma=4, cost_aware=True).length
     # end to end: on the steep curves every round drafts γ and no branch is scored (unpriced, the same pool would
     # have some); on FLAT branches are
     for costs, branched in ((steep, False), (FLAT, True)):
@@ -597,6 +606,8 @@ def test_a_literal_rule_keeps_its_length_and_its_extras_are_priced():
                 rounds += res.extra["drafter"]["candidate_rounds"]
                 if aware is None:  # what the CLI says of it
                     assert res.extra["cost_aware"]["length"] is False
+                    # the loop told the pricer every verified round (not the policy: a literal rule is not wrapped)
+                    assert res.extra["cost_aware"]["rounds"] == res.stats.rounds - 1
                     assert "length is the literal rule's" in cost_note(res.extra["cost_aware"])
                 else:
                     assert "cost_aware" not in res.extra

@@ -16,6 +16,7 @@ from pacer.drafters.pool import PhrasePool, clear_shared_pools
 from pacer.errors import PacerError
 from pacer.policies import ConfidencePolicy, DraftState, FixedPolicy
 from pacer.policies.cost_aware import CostAwarePolicy
+from pacer.pricing import CostPricer
 from pacer.sampling import SamplingConfig
 
 PROMPTS = ["hello world, this is", "def f(x):\n    return", "a", "abc abc abc abc abc"]
@@ -129,9 +130,8 @@ def test_phrase_agreement_is_learnt_per_kind_of_entry(pairs):
         for _ in range(20):
             d3.pool.learn_agreement(4, agreed, ("prompt", 2))
             d3.pool.learn_agreement(4, 4 - agreed, ("output", 2))
-        res = dec.generate(ids, "ouroboros", max_new_tokens=30, drafter=d3,
-                           policy=(rule := CostAwarePolicy(FixedPolicy(gamma=8), linear, length=False)),
-                           pricer=rule.pricer)
+        res = dec.generate(ids, "ouroboros", max_new_tokens=30, drafter=d3, policy=FixedPolicy(gamma=8),
+                           pricer=CostPricer(linear))  # a literal rule, its extras priced
         assert res.token_ids == ar
         assert (res.extra["drafter"]["phrase_tokens"] > 0) == checks
 

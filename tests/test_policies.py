@@ -100,7 +100,7 @@ def test_a_block_score_is_the_survival_through_the_block_last_token():
     """With the block head at zero the layer's block logit is exactly logit(Π σ(c_i)) over the draft up to the
     block's *last* token."""
     torch.manual_seed(0)
-    layer = PreVerifier(hidden_dim=4, n_scalars=3, block=2, d=8, max_draft=8).eval()
+    layer = PreVerifier(hidden_dim=4, n_scalars=3, block_size=2, d=8, max_draft=8).eval()
     c = torch.tensor([2.0, -1.0, 0.5, 3.0, -2.0, 1.0])
 
     class Fixed(torch.nn.Module):

@@ -401,7 +401,7 @@ def test_the_layer_fed_a_few_tokens_at_a_time_scores_as_its_forward_over_the_who
         monkeypatch.setitem(native._state, "kernels", None)
     torch.manual_seed(block)
     rank = 4 if context else 0  # the low-rank hidden projection and the full one
-    layer = PreVerifier(40, 5, block=block, d=16, heads=2, max_draft=16, rank=rank, context=context).eval()
+    layer = PreVerifier(40, 5, block_size=block, d=16, heads=2, max_draft=16, rank=rank, context=context).eval()
     if block == 2:
         layer.mlp[1].approximate = "tanh"  # both GELUs
     torch.nn.init.normal_(layer.block_head.weight)  # a non-zero block head: the pooled block states count too
@@ -429,7 +429,7 @@ def test_the_cpu_check_follows_the_weights():
     """The numpy copy a CPU check runs on is made again once a weight changes (an optimizer step, a loaded
     state): never a stale layer."""
     torch.manual_seed(0)
-    layer = PreVerifier(12, 3, block=1, d=8, heads=2, max_draft=8).eval()
+    layer = PreVerifier(12, 3, block_size=1, d=8, heads=2, max_draft=8).eval()
     h, s = torch.randn(1, 3, 12), torch.randn(1, 3, 3)
 
     def score() -> float:
@@ -440,7 +440,7 @@ def test_the_cpu_check_follows_the_weights():
         before = score()
         layer.token_head.bias += 1.5  # in place
         assert score() == pytest.approx(float(layer(h, s)[1][0, -1]), abs=1e-4) != pytest.approx(before, abs=1e-3)
-        layer.load_state_dict(PreVerifier(12, 3, block=1, d=8, heads=2, max_draft=8).state_dict())
+        layer.load_state_dict(PreVerifier(12, 3, block_size=1, d=8, heads=2, max_draft=8).state_dict())
         assert score() == pytest.approx(float(layer(h, s)[1][0, -1]), abs=1e-4)
 
 
@@ -891,7 +891,7 @@ def test_a_layer_loaded_in_inference_mode_checks_on_the_cpu():
     """Parameters made under ``torch.inference_mode`` have no version counter: the CPU check still runs."""
     with torch.inference_mode():
         torch.manual_seed(1)
-        layer = PreVerifier(12, 3, block=2, d=8, heads=2, max_draft=8).eval()
+        layer = PreVerifier(12, 3, block_size=2, d=8, heads=2, max_draft=8).eval()
         h, s = torch.randn(1, 4, 12), torch.randn(1, 4, 3)
         got = layer.extend(PrefixState(), h[0], s[0])
         assert got == pytest.approx(float(layer(h, s)[1][0, -1]), abs=1e-4)

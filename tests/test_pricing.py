@@ -47,7 +47,7 @@ def test_the_memory_counts_no_position_after_the_first_rejection():
     assert [mem.trials[i] - trials[i] for i in range(1, 5)] == [1, 1, 0, 0]
     assert [mem.hits[i] - hits[i] for i in range(1, 5)] == [1, 0, 0, 0]
     pricer = CostPricer(CURVE, CostMemory())
-    pricer.learn([None] * 4, RoundResult(drafted=4, accepted=1), declined=False)
+    pricer.learn(FixedPolicy(gamma=4), DraftState(tokens=[1, 2, 3, 4]), RoundResult(drafted=4, accepted=1))
     assert [c[1] for c in pricer.gen_counts[1:5]] == [1, 1, 0, 0]
     assert [c[0] for c in pricer.gen_counts[1:5]] == [1, 0, 0, 0]
 
@@ -159,7 +159,7 @@ def test_a_pool_round_is_priced_with_this_generations_evidence(pairs):
         ev.gen[kind] = [[0, 50]] * ev.length  # this generation: never (a draft round beats a phrase round)
     ids = dec.encode("abc abc abc abc")
     d.pool.add_sequence(ids, "prompt")
-    rule = CostAwarePolicy(Counting(), pricer, length=False)  # this round drafts nothing
+    rule = Counting()  # a literal rule (this round drafts nothing), its extras priced by the pricer beside it
     draft = d.propose(ids, rule, 4, SamplingConfig(), None, remaining=20, pricer=pricer)
     assert not d._phrase_round and not draft.tokens
     assert pricer.pool_yields and pricer.pool_yields[0] == pytest.approx(d.branches.pool_yield(ids))

@@ -166,6 +166,7 @@ class Decoder:
                 drafter.finish()
                 if (rep := drafter.report()) is not None:
                     extra["drafter"] = rep
+                extra.update(pricer.summary())  # a literal rule's priced extras (the cost rule reports its own)
                 extra.update(policy.report())
         stats.new_tokens = len(out.ids)
         # a budget cut short by the context window ends as "length" inside Output; report it as "context"

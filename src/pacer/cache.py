@@ -77,8 +77,8 @@ def unwritable(path: Path, e: OSError, what: str) -> PacerError:
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
+        while data := f.read(chunk):
+            h.update(data)
     return h.hexdigest()
 
 
@@ -196,10 +196,10 @@ _rng = random.Random()
 
 
 class BlockHasher:
-    """The sha256 of a byte stream and the sha256 (first 16 hex digits) of each of its ``block``-byte blocks."""
+    """The sha256 of a byte stream and the sha256 (first 16 hex digits) of each of its ``file_block``-byte blocks."""
 
-    def __init__(self, block: int | None = None) -> None:
-        self.block = block or SAMPLE_SIZE
+    def __init__(self, file_block: int | None = None) -> None:
+        self.file_block = file_block or SAMPLE_SIZE
         self.h, self.cur = hashlib.sha256(), hashlib.sha256()
         self.fill, self.size, self.blocks = 0, 0, []
 
@@ -208,11 +208,11 @@ class BlockHasher:
         self.size += len(data)
         view = memoryview(data)
         while len(view):
-            take = min(len(view), self.block - self.fill)
+            take = min(len(view), self.file_block - self.fill)
             self.cur.update(view[:take])
             self.fill += take
             view = view[take:]
-            if self.fill == self.block:
+            if self.fill == self.file_block:
                 self.blocks.append(self.cur.hexdigest()[:16])
                 self.cur, self.fill = hashlib.sha256(), 0
 
@@ -221,16 +221,16 @@ class BlockHasher:
 
     def record(self) -> dict:
         blocks = self.blocks + ([self.cur.hexdigest()[:16]] if self.fill else [])
-        return {"size": self.size, "sha256": self.h.hexdigest(), "block": self.block, "blocks": blocks}
+        return {"size": self.size, "sha256": self.h.hexdigest(), "block": self.file_block, "blocks": blocks}
 
 
-def file_record(path: Path, block: int | None = None) -> dict:
+def file_record(path: Path, file_block: int | None = None) -> dict:
     """What later loads check a cached file against (one read): its size and modification time, its sha256 and
-    the hash of every ``block``-byte block (:data:`SAMPLE_SIZE`)."""
+    the hash of every ``file_block``-byte block (:data:`SAMPLE_SIZE`)."""
     now = stamp(path)
-    h = BlockHasher(block)
+    h = BlockHasher(file_block)
     with open(path, "rb") as f:
-        while data := f.read(h.block * max(1, (1 << 22) // h.block)):
+        while data := f.read(h.file_block * max(1, (1 << 22) // h.file_block)):
             h.update(data)
     return {**h.record(), **now}
 
@@ -252,15 +252,15 @@ def check_record(path: Path, rec: dict, full: bool = False) -> tuple[str | None,
             if sha256_file(path) != rec.get("sha256"):
                 return "its sha256 is not the one recorded when it was written", False
             return None, st.st_mtime_ns != rec.get("mtime_ns")
-        block, blocks = int(rec["block"]), rec["blocks"]
-        if block <= 0 or len(blocks) != -(-st.st_size // block):
+        file_block, blocks = int(rec["block"]), rec["blocks"]
+        if file_block <= 0 or len(blocks) != -(-st.st_size // file_block):
             return "its record is damaged", False
         picks = sorted(_rng.sample(range(len(blocks)), min(SAMPLE_BLOCKS, len(blocks))))
         with open(path, "rb") as f:
             for i in picks:
-                f.seek(i * block)
-                if hashlib.sha256(f.read(block)).hexdigest()[:16] != blocks[i]:
-                    return f"its block at byte {i * block} does not match its hash", False
+                f.seek(i * file_block)
+                if hashlib.sha256(f.read(file_block)).hexdigest()[:16] != blocks[i]:
+                    return f"its block at byte {i * file_block} does not match its hash", False
     except (KeyError, TypeError, ValueError):
         return "its record is damaged", False
     except OSError as e:

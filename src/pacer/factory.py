@@ -121,9 +121,9 @@ class MethodFactory:
         :mod:`pacer.policies.cost_aware` on this machine's costs for ``rows``: a rule's threshold gives way to it
         (an explicit one is kept), and ``min_draft`` defaults to 0, so a round where nothing pays is a plain
         decoding step. A literal rule (``gamma``, a threshold) of a method whose drafter adds priced work to a
-        round (:attr:`~pacer.methods.registry.Method.extras`: Ouroboros' phrases and branches) keeps its length,
-        and that work is priced on the same costs (``CostAwarePolicy(length=False)``) unless ``cost_aware`` is
-        false."""
+        round (:attr:`~pacer.methods.registry.Method.extras`: Ouroboros' phrases and branches) is returned as it
+        is: its pricer (:meth:`make_pricer`, :meth:`pricer_of`) prices that work on the same costs unless
+        ``cost_aware`` is false."""
         req = MethodRequest.of(method, **settings)
         if not req.drafts:
             raise PacerError(f"method '{req.method}' drafts nothing and has no draft-length policy")
@@ -132,13 +132,15 @@ class MethodFactory:
         if not aware and not (req.cost_aware is None and req.record.extras):
             return policy
         pricer = self.make_pricer(req, rows, verify, policy)
-        policy = CostAwarePolicy(policy, pricer, length=aware)
+        if aware:
+            policy = CostAwarePolicy(policy, pricer)
         self._pricer_of[policy] = pricer
         return policy
 
     def pricer_of(self, policy: DraftPolicy) -> Pricer:
-        """The pricer of a policy :meth:`make_policy` built (its cost rule's); :data:`~pacer.pricing.UNPRICED` for
-        any other (a literal rule, a policy built elsewhere: give its pricer beside it)."""
+        """The pricer of a policy :meth:`make_policy` built (its cost rule's, or a literal rule's priced extras');
+        :data:`~pacer.pricing.UNPRICED` for any other (a literal rule without priced extras, a policy built
+        elsewhere: give its pricer beside it)."""
         try:
             return self._pricer_of.get(policy, UNPRICED)
         except TypeError:  # an unhashable policy (a dataclass, say): not one built here

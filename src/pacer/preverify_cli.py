@@ -104,7 +104,7 @@ def cmd_train(args) -> int:
 
     check_out_dir(args.out)
     costs = read_costs(args.costs) if args.costs else None
-    cfg = train(Path(args.data), Path(args.out), args.kind, args.block, args.epochs, args.seed, args.val_frac,
+    cfg = train(Path(args.data), Path(args.out), args.kind, args.block_size, args.epochs, args.seed, args.val_frac,
                 costs, args.min_draft, args.d, args.layers, drop_scalars=args.drop_scalars, ablate=args.ablate,
                 rank=args.rank, weighted=args.class_weights, context=args.context, token_weight=args.token_weight)
     v = cfg["validation"]
@@ -164,7 +164,8 @@ def register(sub) -> None:
     t.add_argument("--data", required=True, help="folder(s) made by pacer collect, comma-separated")
     t.add_argument("--out", required=True, help="checkpoint folder")
     t.add_argument("--kind", choices=["pacer", "specdecpp"], default="pacer")
-    t.add_argument("--block", type=Count("--block", 1, MAX_DRAFT), default=4, help="block size b")
+    t.add_argument("--block", dest="block_size", type=Count("--block", 1, MAX_DRAFT), default=4,
+                   help="block size b")
     t.add_argument("--epochs", type=Count("--epochs", 1, MAX_EPOCHS), default=20)
     t.add_argument("--seed", type=Count("--seed", MIN_SEED, MAX_SEED), default=0)
     t.add_argument("--val-frac", type=float, default=0.2)

@@ -27,8 +27,15 @@ tokens is expected to yield ``E_n = 1 + Σ_{i<=n} S_i`` tokens in ``T_n = n (c_d
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
 from .costs import ContextCosts, Costs
 from .rounds import DraftState, RoundResult
+
+if TYPE_CHECKING:
+    from .policies.base import DraftPolicy
 
 
 def token_seconds(costs: Costs, free: bool = False) -> float:
@@ -253,6 +260,29 @@ class CostMemory:
 
 
 
+@dataclass
+class CostReport:
+    """What pricing saw in one generation (``GenerationResult.extra["cost_aware"]``): the costs, the learnt
+    acceptance and calibration, and (the cost-aware rule's) the rounds it left undrafted."""
+
+    costs: dict
+    alpha: float
+    zero_rounds: int = 0
+    rounds: int = 0
+    calibration_error: float = float("nan")
+    calibration_observations: int = 0
+    source: str = ""
+    notes: list[str] = field(default_factory=list)
+    #: the cost rule decided the draft length (``False``: a literal rule did, and the pricer priced the extras alone)
+    length: bool = True
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["calibration_error"] = None if math.isnan(self.calibration_error) else round(self.calibration_error, 4)
+        d["alpha"] = round(self.alpha, 4)
+        return d
+
+
 class Pricer:
     """No cost model: what a drafter gets where no rule prices rounds. A draft round's extras are unbounded, a
     round that drafts nothing scores no branch, no phrase round runs, and siblings go likeliest first by the
@@ -268,6 +298,18 @@ class Pricer:
     def set_context(self, context: int) -> None:
         """The next round runs after ``context`` committed tokens: price it there (the loop says so before every
         round)."""
+
+    def drafting(self, policy: DraftPolicy, state: DraftState) -> None:
+        """``policy`` agreed to draft ``d_{n+1}`` after the round's ``state.n`` tokens (the drafter's handshake,
+        :class:`pacer.decoding.drafter.Proposal`, says so)."""
+
+    def learn(self, policy: DraftPolicy, state: DraftState, result: RoundResult) -> None:
+        """The round ``state`` that ``policy`` drafted was verified: ``result`` (the loop says so before the policy
+        hears it)."""
+
+    def summary(self) -> dict[str, dict]:
+        """What pricing saw in the generation, for ``GenerationResult.extra`` (nothing: no cost model)."""
+        return {}
 
     def draft_rate(self, catch_up: int = 0, remaining: int = 0) -> float | None:
         """Expected committed tokens per second of a round that runs the draft model, its reading of ``catch_up``
@@ -310,8 +352,9 @@ class CostPricer(Pricer):
     """Prices rounds on ``costs`` (made non-decreasing in ``k``: :meth:`pacer.costs.Costs.monotone`) with what the
     verifier taught ``memory`` and this generation's own acceptance. Built by the method factory (its
     ``make_pricer``) and handed to the loop, which begins each generation (:meth:`begin`), prices each round at its
-    context (:meth:`set_context`) and hands it to the drafter; the cost rule tells it the round in progress
-    (:meth:`survive`, :meth:`spend`): every question about a round is answered on the same numbers.
+    context (:meth:`set_context`), hands it to the drafter and tells it what the verifier said (:meth:`learn`);
+    the drafter's handshake and the cost rule tell it the round in progress (:meth:`drafting`): every question
+    about a round is answered on the same numbers.
 
     ``refine``: after every round (but a generation's first, which holds the draft's prefill) the measured draft time
     per token and target time update running averages (weight ``refine``, clipped to [1/4, 4]) that scale ``c_d``
@@ -345,6 +388,7 @@ class CostPricer(Pricer):
         #: the costs at this round's context as given (:attr:`costs`: refined by this generation's timings)
         self.base = self.costs = self.curve.costs(0)
         self.rounds = 0
+        self._learnt: DraftState | None = None  # the round last learnt (each is learnt once, whoever tells it)
         #: this generation's own verdicts per draft position (:meth:`gen_alpha`): ``[accepted, trials]``
         self.gen_counts = [[0, 0] for _ in range(len(self.memory.hits))]
         self.start_round()
@@ -359,47 +403,62 @@ class CostPricer(Pricer):
             self.costs = base if self.scale_d == self.scale_t == 1.0 else base.scaled(self.scale_d, self.scale_t)
 
     def start_round(self) -> None:
-        """A new round: nothing drafted, nothing spent."""
-        #: ``S_1..S_n`` of the round so far (:meth:`survive`, as tokens are drafted)
+        """A new round: nothing drafted, nothing spent (:meth:`drafted` fills the round: ``S_1..S_n``, the
+        policy's raw scores at them, the drafting seconds ``spent`` over the ``counted`` tokens)."""
         self.S: list[float] = []
-        #: the round's drafting seconds so far, as the cost model counts them
-        self.spent = 0.0
+        self.raw: list[float | None] = []
+        self.spent, self.counted = 0.0, 0
+        self.declined = False  # the cost rule declined the round's first token (CostMemory.fade)
 
-    def survive(self, S_next: float) -> None:
-        """The round drafted one more token, all of its tokens surviving with probability ``S_next``
-        (``S_{n+1}``, appended to :attr:`S`)."""
-        self.S.append(S_next)
+    def drafted(self, policy: DraftPolicy, state: DraftState) -> None:
+        """The round drafted ``state.n`` tokens under ``policy``: ``S`` reaches ``n`` entries, each its calibrated
+        :meth:`~pacer.policies.base.DraftPolicy.survival` (asked only where ``S`` is short: a layer's score costs a
+        check; ``S_{i-1} α_i`` without one); the tokens not yet counted are spent."""
+        if len(self.S) < state.n:
+            raw = policy.survival(state)
+            while len(self.S) < state.n:
+                self.raw.append(raw)
+                prev = self.S[-1] if self.S else 1.0
+                self.S.append(prev * self.alpha(len(self.S) + 1) if raw is None
+                              else min(prev, self.memory.calibrator(raw)))
+        if state.n > self.counted:  # tokens drafted below min_draft, without asking: c_d + c_p each
+            self.spent += (state.n - self.counted) * token_seconds(self.costs)
+            self.counted = state.n
 
-    def spend(self, tokens: int, free: bool = False) -> None:
-        """Count ``tokens`` drafted tokens into :attr:`spent`, each ``c_d + c_p`` (``free``: tokens that came with
-        a phrase, no draft forward of their own: ``c_p`` each)."""
-        c = self.costs
-        self.spent += tokens * token_seconds(c, free)
+    def drafting(self, policy: DraftPolicy, state: DraftState) -> None:
+        """:meth:`drafted`, and ``d_{n+1}`` is spent (``c_p`` alone where it is free); once per token, whoever
+        tells it (the cost rule deciding, the drafter's handshake)."""
+        self.drafted(policy, state)
+        if self.counted <= state.n:
+            self.spent += token_seconds(self.costs, free=state.next_is_free)
+            self.counted = state.n + 1
 
-    def learn(self, raw: list[float | None], result: RoundResult, declined: bool) -> None:
-        """What a verified round teaches: the verdicts per draft position (``raw``: the wrapped policy's survival
-        scores at them, for the calibrator), what its branches yielded, and - unless ``refine`` is 0 - how long
-        its forwards took. ``declined``: the cost rule itself declined the round's first token (the memory fades
-        towards its prior: :meth:`CostMemory.fade`)."""
+    def decline(self) -> None:
+        """The cost rule declined the round's first token (the memory fades when the round is learnt)."""
+        self.declined = True
+
+    def learn(self, policy: DraftPolicy, state: DraftState, result: RoundResult) -> None:
+        """What the verified round ``state`` of ``policy`` teaches (once, whoever tells it): the verdicts per draft
+        position (with the policy's survival scores at them, for the calibrator: :meth:`drafted`), what its
+        branches yielded, and - unless ``refine`` is 0 - how long its forwards took; a round the cost rule
+        declined (:meth:`decline`) fades the memory."""
+        if state is self._learnt:
+            return
+        self._learnt = state
         γ, n = result.drafted, result.accepted
         if γ:
-            self.memory.update(raw, γ, n)
+            self.drafted(policy, state)
+            self.memory.update(self.raw, γ, n)
             for i in range(1, min(n + 1, γ, len(self.gen_counts) - 1) + 1):  # as CostMemory.update counts
                 self.gen_counts[i][1] += 1
                 self.gen_counts[i][0] += i <= n
-        elif declined:
+        elif self.declined:
             self.memory.fade()
         if result.branched and n == γ:  # the branches were read: what they yielded
             (self.memory.branch_update if γ else self.memory.pool_update)(result.branched, result.extended)
         self.rounds += 1
         if self.rounds > 1 and self.refine:
-            r = self.refine
-            if result.draft_forwards and result.draft_seconds > 0 and self.base.draft > 0:
-                obs = result.draft_seconds / result.draft_forwards / self.base.draft
-                self.scale_d += r * (min(4.0, max(0.25, obs)) - self.scale_d)
-            if result.verify_seconds > 0 and result.scored:
-                obs = result.verify_seconds / self.base.target_cost(result.scored)
-                self.scale_t += r * (min(4.0, max(0.25, obs)) - self.scale_t)
+            self.scale_d, self.scale_t = refined_scales(self.base, result, self.refine, self.scale_d, self.scale_t)
             self.costs = self.base.scaled(self.scale_d, self.scale_t)
         self.start_round()
 
@@ -424,39 +483,20 @@ class CostPricer(Pricer):
         a, c = self.gen_counts[min(max(i, 1), len(self.gen_counts) - 1)]
         return (a + self.GEN_WEIGHT * self.memory.alpha(i)) / (c + self.GEN_WEIGHT)
 
+    def summary(self) -> dict[str, dict]:
+        """:func:`cost_report` of a literal rule's priced extras (the cost rule reports its own)."""
+        return {"cost_aware": cost_report(self, length=False).to_dict()}
+
     # ---------------------------------------------------------------------------------- sources and extras
     def draft_rate(self, catch_up: int = 0, remaining: int = 0) -> float:
-        """Expected committed tokens per second of a round that runs the draft model: the best over ``γ`` (within
-        the length rule's bound and the ``remaining`` tokens; 0 is plain decoding) of ``E_γ / T_γ`` with
-        ``S_i = Π_{j<=i} α_j`` from this generation's acceptance (:meth:`gen_alpha`) and ``T_γ`` the round's priced
-        seconds. The draft's reading of
-        ``catch_up`` committed tokens it has not seen (``catch_up · c_pre``, as :func:`catch_up_pays` prices it) is
-        a one-time cost: the round carries its share over the ``remaining`` tokens the generation may emit
-        (``E_γ / remaining`` of it; all of it where ``remaining`` is unknown)."""
-        c = self.costs
-        once = catch_up * c.draft_prefill if catch_up > 0 else 0.0
-        best = 1.0 / c.target_cost(1)
-        S = E = 1.0
+        """:func:`best_draft_rate` with this generation's acceptance (:meth:`gen_alpha`), up to the length rule's
+        bound."""
         most = min(self.max_draft, self.MAX_BRANCH, remaining - 1 if remaining > 0 else self.MAX_BRANCH)
-        for g in range(1, most + 1):
-            S *= self.gen_alpha(g)
-            E += S
-            share = once * min(1.0, E / remaining) if remaining > 0 else once
-            best = max(best, E / (share + round_seconds(c, g)))
-        return best
+        return best_draft_rate(self.costs, [self.gen_alpha(g) for g in range(1, most + 1)], catch_up, remaining)
 
     def phrase_rate(self, accept: list[float]) -> tuple[int, float]:
-        """A round that verifies a phrase alone, without the draft model: ``accept[j - 1]`` the chance that its
-        first ``j`` tokens are all accepted. Returns the ``L`` (>= 1) of its tokens to score with the best expected
-        committed tokens per second, ``(1 + Σ_{j<=L} accept) / c_t(1 + L)``, and that rate (``(0, 0.0)``: no
-        phrase)."""
-        best, best_rate, E = 0, 0.0, 1.0
-        for L, a in enumerate(accept[: self.MAX_BRANCH], 1):
-            E += a
-            rate = E / self.costs.target_cost(1 + L)
-            if rate > best_rate:
-                best, best_rate = L, rate
-        return best, best_rate
+        """:func:`best_phrase_rate` over at most :attr:`MAX_BRANCH` of the phrase's tokens."""
+        return best_phrase_rate(self.costs, accept[: self.MAX_BRANCH])
 
     def branch_room(self, drafted: int, yield_: float | None = None) -> int:
         """Candidate-branch tokens (Ouroboros) pay like draft tokens: the ``b`` that maximises the round's expected
@@ -542,3 +582,54 @@ def best_phrase(costs: Costs, fed: int, accept: list[float]) -> int:
         if gain > best_gain:
             best, best_gain = L, gain
     return best
+
+
+def best_draft_rate(costs: Costs, alphas: list[float], catch_up: int = 0, remaining: int = 0) -> float:
+    """Expected committed tokens per second of a round that runs the draft model: the best over ``γ <=
+    len(alphas)`` (0 is plain decoding) of ``E_γ / T_γ`` with ``S_i = Π_{j<=i} alphas[j - 1]`` and ``T_γ`` the
+    round's priced seconds. The draft's reading of ``catch_up`` committed tokens it has not seen (``catch_up ·
+    c_pre``, as :func:`catch_up_pays` prices it) is a one-time cost: the round carries its share over the
+    ``remaining`` tokens the generation may emit (``E_γ / remaining`` of it; all of it where ``remaining`` is
+    unknown)."""
+    once = catch_up * costs.draft_prefill if catch_up > 0 else 0.0
+    best = 1.0 / costs.target_cost(1)
+    S = E = 1.0
+    for g, a in enumerate(alphas, 1):
+        S *= a
+        E += S
+        share = once * min(1.0, E / remaining) if remaining > 0 else once
+        best = max(best, E / (share + round_seconds(costs, g)))
+    return best
+
+
+def best_phrase_rate(costs: Costs, accept: list[float]) -> tuple[int, float]:
+    """A round that verifies a phrase alone, without the draft model: ``accept[j - 1]`` the chance that its first
+    ``j`` tokens are all accepted. Returns the ``L`` (>= 1) of its tokens to score with the best expected committed
+    tokens per second, ``(1 + Σ_{j<=L} accept) / c_t(1 + L)``, and that rate (``(0, 0.0)``: no phrase)."""
+    best, best_rate, E = 0, 0.0, 1.0
+    for L, a in enumerate(accept, 1):
+        E += a
+        rate = E / costs.target_cost(1 + L)
+        if rate > best_rate:
+            best, best_rate = L, rate
+    return best, best_rate
+
+
+def cost_report(pricer: CostPricer, zero_rounds: int = 0, length: bool = True) -> CostReport:
+    """What ``pricer`` saw in a generation; ``zero_rounds``: rounds the cost rule drafted nothing in, ``length``:
+    the cost rule decided the draft length."""
+    cal = pricer.memory.calibrator
+    return CostReport(pricer.costs.to_dict(), pricer.alpha(1), zero_rounds, pricer.rounds, cal.error,
+                      cal.observations, pricer.source, length=length)
+
+
+def refined_scales(base: Costs, result: RoundResult, r: float, scale_d: float, scale_t: float) -> tuple[float, float]:
+    """The running averages (weight ``r``) of the measured draft time per forward and target time of ``result``
+    over ``base``'s, each observation clipped to [1/4, 4]: the scales of ``c_d`` and of the ``c_t`` curve."""
+    if result.draft_forwards and result.draft_seconds > 0 and base.draft > 0:
+        obs = result.draft_seconds / result.draft_forwards / base.draft
+        scale_d += r * (min(4.0, max(0.25, obs)) - scale_d)
+    if result.verify_seconds > 0 and result.scored:
+        obs = result.verify_seconds / base.target_cost(result.scored)
+        scale_t += r * (min(4.0, max(0.25, obs)) - scale_t)
+    return scale_d, scale_t

@@ -328,7 +328,7 @@ def _first_token(L: list[str], overall: dict, profile: bool, priced: bool) -> No
     L.append("")
 
 
-def _pricer(meta: dict, records: list[dict] = ()):
+def _profile_clock(meta: dict, records: list[dict] = ()):
     """A recorded forward's seconds on the run's profile clock (``None``: no profile clock, or its profile file is
     not here or not the one the run priced with: its digest differs from the run's, or, for a run made before the
     digest was recorded, it does not reproduce the records' profile-clock times)."""
@@ -360,7 +360,7 @@ def _pricer(meta: dict, records: list[dict] = ()):
 def write_report(out: Path, records: list[dict], methods: list[str], meta: dict) -> dict:
     """Write ``summary.json``, ``report.md`` and the plots into ``out``; returns the summary."""
     clock = "profile" if meta.get("profile_clock") else "wall"
-    price = _pricer(meta, records) if clock == "profile" else None
+    price = _profile_clock(meta, records) if clock == "profile" else None
     summary = summarize(records, [m for m in methods if any(r["method"] == m for r in records)], clock, price)
     summary["priced_first_round"] = clock == "wall" or price is not None
     summary["meta"] = meta

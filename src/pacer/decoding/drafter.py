@@ -175,8 +175,8 @@ class Proposal:
     reads itself; a drafter that draws greedily need not compute ``q`` at all when this is empty."""
 
     def __init__(self, policy: DraftPolicy, budget: int, catch_up: int = 0, remaining: int = 0,
-                 temperature: float = 0.0, needs: frozenset[str] = frozenset()) -> None:
-        self.policy, self.budget = policy, budget
+                 temperature: float = 0.0, needs: frozenset[str] = frozenset(), pricer: Pricer = UNPRICED) -> None:
+        self.policy, self.budget, self.pricer = policy, budget, pricer
         self.features = policy.draft_features | needs | ({"prob"} if policy.needs_soft else set())
         self.layers = policy.hidden_layers
         self.state = DraftState(catch_up=max(0, catch_up), remaining=remaining, temperature=temperature)
@@ -199,6 +199,8 @@ class Proposal:
             return True
         t = time.perf_counter()
         ok = self.policy.should_continue(self.state)
+        if ok:  # the pricer counts what the policy drafts (a literal rule's extras are priced on it)
+            self.pricer.drafting(self.policy, self.state)
         self.policy_time += time.perf_counter() - t
         return ok
 

@@ -167,11 +167,13 @@ def speculative_generate(
             t_hidden = t_hs[-1][len(pending) - 1 + (draft.bonus_row if draft.extension else n)].to(
                 "cpu", torch.float32, copy=True) if t_hs is not None else None
             branched = sum(len(b) for b in draft.branches)
-            policy.update(draft.state, RoundResult(
+            result = RoundResult(
                 drafted=γ, accepted=n, soft=soft, draft_seconds=t1 - t0 - draft.policy_time - draft.pool_time,
                 verify_seconds=t2 - t1, scored=len(ids), draft_forwards=draft.forwards, committed=len(committed),
                 branched=branched, extended=len(draft.extension), target_entropy=t_ent, target_margin=t_margin,
-                target_hidden=t_hidden))
+                target_hidden=t_hidden)
+            pricer.learn(policy, draft.state, result)  # before the policy forgets the round (a layer's memo)
+            policy.update(draft.state, result)
             t4 = time.perf_counter()
             stats.time_draft += t1 - t0 - draft.policy_time - draft.pool_time
             stats.time_pool += draft.pool_time + (t3 - t2)

@@ -42,7 +42,7 @@ class LookupDrafter(Drafter):
     def propose(self, tokens, policy, budget, sampling, gen, remaining: int = 0, pricer=UNPRICED) -> Draft:
         self._seen = learn_committed(self.pool, tokens, self._seen, self.pool.add_sequence)
         # no draft model: nothing to catch up
-        p = Proposal(policy, budget, remaining=remaining, temperature=sampling.temperature)
+        p = Proposal(policy, budget, remaining=remaining, temperature=sampling.temperature, pricer=pricer)
         ctx = list(tokens)
         while p.n < budget:
             found = self.pool.lookup(ctx, 1)

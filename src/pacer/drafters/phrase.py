@@ -245,7 +245,7 @@ class PhraseDrafter(TokenDrafter):
                 self._origins, self._leftover = [found[1]], []
                 return self._finish(draft)
         if not sampling.greedy or not o.phrases:
-            draft = super().propose(tokens, policy, budget, sampling, gen, remaining)
+            draft = super().propose(tokens, policy, budget, sampling, gen, remaining, pricer)
             if draft.tokens:
                 self._timed(self._sync, tokens)
         else:
@@ -281,7 +281,8 @@ class PhraseDrafter(TokenDrafter):
             self._pool_seconds += time.perf_counter() - t
 
     def _propose_phrases(self, tokens, policy, budget, pricer: Pricer, remaining: int = 0) -> Draft:
-        p = Proposal(policy, budget, len(tokens) - self.backend.length - 1, remaining, needs=self.needs)  # greedy
+        p = Proposal(policy, budget, len(tokens) - self.backend.length - 1, remaining, needs=self.needs,  # greedy
+                     pricer=pricer)
         self._leftover = []
         synced = False
         while p.ask():

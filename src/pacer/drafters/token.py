@@ -34,7 +34,7 @@ class TokenDrafter(Drafter):
 
     def propose(self, tokens, policy, budget, sampling, gen, remaining: int = 0, pricer=UNPRICED) -> Draft:
         pending = tokens[self.backend.length :]
-        p = Proposal(policy, budget, len(pending) - 1, remaining, sampling.temperature, self.needs)
+        p = Proposal(policy, budget, len(pending) - 1, remaining, sampling.temperature, self.needs, pricer)
         while p.ask():
             pending = p.feed_apart(self.backend, pending)  # a prompt's rows apart where they would be scored
             # read at once (a kept q is a new tensor): the logits may be a view of the backend's memory

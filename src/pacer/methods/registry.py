@@ -119,7 +119,7 @@ class Method:
     ``needs_draft``: it drafts with the draft model (``False``: e.g. prompt lookup drafts from the text).
     ``extras``: its drafter adds work to a round beyond the draft that costs price (phrases the draft checks,
     branches the target scores; :meth:`pacer.pricing.Pricer.branch_room`), so that a literal length rule is
-    still given the cost-aware rule's pricing of them (``CostAwarePolicy(length=False)``)."""
+    still given a pricer for them (:meth:`pacer.factory.MethodFactory.make_pricer`)."""
 
     name: str
     summary: str

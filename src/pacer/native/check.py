@@ -50,9 +50,9 @@ def self_test(lib_path: str) -> bool:
 def _layer_agrees(k: Kernels) -> bool:
     """The layer check against numpy's :class:`~pacer.preverify.layer.CpuExtend` on a random layer (both GELUs;
     blocks of 1 and 3 tokens; scalars normalised by the call and already normalised)."""
-    for approximate, block in (("none", 1), ("tanh", 1), ("none", 3)):
+    for approximate, block_size in (("none", 1), ("tanh", 1), ("none", 3)):
         torch.manual_seed(0)
-        layer = PreVerifier(40, 5, block=block, d=16, heads=2, max_draft=8, rank=4).eval()
+        layer = PreVerifier(40, 5, block_size=block_size, d=16, heads=2, max_draft=8, rank=4).eval()
         layer.mlp[1].approximate = approximate
         with torch.no_grad():  # a trained block head (a new layer's starts at zero)
             layer.block_head.weight.normal_()
@@ -63,9 +63,9 @@ def _layer_agrees(k: Kernels) -> bool:
         cpu = layer.cpu()
         slow, fast, normed = PrefixState(), PrefixState(), PrefixState()
         for i in range(7):
-            want = cpu.extend(slow, h[i : i + 1], s[i : i + 1], block, kernels=None)
-            got = cpu.check(k, fast, h[i].ctypes.data, raw[i].ctypes.data, mu.ctypes.data, sd.ctypes.data, block)
-            also = cpu.extend(normed, h[i : i + 1], s[i : i + 1], block, kernels=k)
+            want = cpu.extend(slow, h[i : i + 1], s[i : i + 1], block_size, kernels=None)
+            got = cpu.check(k, fast, h[i].ctypes.data, raw[i].ctypes.data, mu.ctypes.data, sd.ctypes.data, block_size)
+            also = cpu.extend(normed, h[i : i + 1], s[i : i + 1], block_size, kernels=k)
             if (want is None) != (got is None) or (want is None) != (also is None):
                 return False
             if want is not None and not all(abs(x - want) <= 1e-4 * max(1.0, abs(want)) for x in (got, also)):

@@ -26,54 +26,26 @@ prices rounds; it also prices a drafter's phrases and branches); this rule decid
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-
 from ..costs import Costs
-from ..pricing import CostMemory, CostPricer, SurvivalCalibrator
+from ..pricing import CostMemory, CostPricer, CostReport, SurvivalCalibrator, cost_report
 from ..rounds import DraftState, RoundResult
 from .base import DraftPolicy
 
 
-@dataclass
-class CostReport:
-    """What the cost-aware rule saw in one generation (``GenerationResult.extra["cost_aware"]``)."""
-
-    costs: dict
-    alpha: float
-    zero_rounds: int = 0
-    rounds: int = 0
-    calibration_error: float = float("nan")
-    calibration_observations: int = 0
-    source: str = ""
-    notes: list[str] = field(default_factory=list)
-    #: the rule decided the draft length (``False``: a literal rule did, and the rule priced the extras alone)
-    length: bool = True
-
-    def to_dict(self) -> dict:
-        d = dict(self.__dict__)
-        d["calibration_error"] = None if math.isnan(self.calibration_error) else round(self.calibration_error, 4)
-        d["alpha"] = round(self.alpha, 4)
-        return d
-
-
 class CostAwarePolicy(DraftPolicy):
     """Wraps a policy: drafting goes on only while the wrapped policy wants to *and* the next token pays on this
-    machine's costs (:meth:`pacer.pricing.CostPricer.next_pays`). The wrapped policy's bounds, hidden layers and
-    updates pass through. ``costs``: the generation's :class:`~pacer.pricing.CostPricer`, or the costs to build one
-    from (with ``source``, ``refine`` and ``memory``, :class:`~pacer.pricing.CostPricer`'s).
-
-    ``length=False``: the wrapped policy alone decides the draft length (a literal rule: a threshold, a fixed
-    ``γ``), and the pricer only prices what a drafter may add to the round - phrases the draft checks, candidate
-    branches and siblings the target scores - on the same costs and calibrated survival: extras pay like draft
-    tokens whoever decides the length."""
+    machine's costs (:meth:`pacer.pricing.CostPricer.next_pays`). The wrapped policy's bounds, hidden layers,
+    survival score and updates pass through. ``costs``: the generation's :class:`~pacer.pricing.CostPricer`, or the
+    costs to build one from (with ``source``, ``refine`` and ``memory``, :class:`~pacer.pricing.CostPricer`'s).
+    A literal rule (a threshold, a fixed ``γ``) is not wrapped: the pricer the loop and the drafter receive prices
+    its extras alone."""
 
     name = "cost-aware"
 
     def __init__(self, inner: DraftPolicy, costs: Costs | CostPricer, source: str = "", refine: float = 0.2,
-                 memory: CostMemory | None = None, length: bool = True) -> None:
+                 memory: CostMemory | None = None) -> None:
         super().__init__(inner.min_draft, inner.max_draft)
-        self.inner, self.length = inner, length
+        self.inner = inner
         self.pricer = costs if isinstance(costs, CostPricer) else \
             CostPricer(costs, memory, refine, inner.max_draft, source)
         self.hidden_layers = inner.hidden_layers
@@ -108,43 +80,22 @@ class CostAwarePolicy(DraftPolicy):
         self.inner.reset()
         self.pricer.reset()
         self.zero_rounds = 0
-        self._new_round()
-
-    def _new_round(self) -> None:
-        self.counted = 0  # tokens of the round whose drafting the pricer has counted
-        self.raw: list[float | None] = []
-        self.declined = False  # the rule itself declined the round's first token (CostMemory.fade)
 
     @property
     def alpha(self) -> float:
         """The running acceptance of the first draft token."""
         return self.pricer.alpha(1)
 
-    def _survival(self, state: DraftState) -> None:
-        """Extend the pricer's ``S`` (and the raw scores ``raw``, ``None`` where the policy has none) to
-        ``state.n`` entries; positions the loop did not ask about (below ``min_draft``) get the score of the first
-        one asked. The wrapped policy is asked only where ``S`` is short (a layer's score costs a check)."""
-        p = self.pricer
-        if len(p.S) >= state.n:
-            return
-        raw = self.inner.survival(state)
-        while len(p.S) < state.n:
-            i = len(p.S) + 1
-            self.raw.append(raw)
-            prev = p.S[-1] if p.S else 1.0
-            p.survive(prev * p.alpha(i) if raw is None else min(prev, self.calibrator(raw)))
+    def survival(self, state: DraftState) -> float | None:
+        return self.inner.survival(state)
 
     def should_continue(self, state: DraftState) -> bool:
         if not self.inner.should_continue(state):
             return False
-        self._survival(state)
-        n = state.n
-        if n > self.counted:  # tokens drafted below min_draft, without asking
-            self.pricer.spend(n - self.counted)
-        go = not self.length or self._pays(state)
+        self.pricer.drafted(self.inner, state)
+        go = self._pays(state)
         if go:
-            self.pricer.spend(1, free=state.next_is_free)
-        self.counted = n + go
+            self.pricer.drafting(self.inner, state)
         return go
 
     def _pays(self, state: DraftState) -> bool:
@@ -158,7 +109,7 @@ class CostAwarePolicy(DraftPolicy):
             S_next = nxt
         elif nxt is not None:  # the policy scores d_{n+1} before it is drafted: calibrated like its survival
             S_next = min(S_n, self.calibrator(nxt))
-        elif n == 0 or self.raw[-1] is None:  # no score: the learned acceptance of the next position
+        elif n == 0 or self.pricer.raw[-1] is None:  # no score: the learned acceptance of the next position
             S_next = S_n * self.pricer.alpha(n + 1)
         else:  # the last token's conditional acceptance, carried one step on
             S_next = S_n * min(1.0, S_n / S_prev if S_prev > 0 else 0.0)
@@ -166,16 +117,14 @@ class CostAwarePolicy(DraftPolicy):
         if go and n == 0 and state.catch_up and not self.pricer.catch_up_pays(S_next, state.catch_up,
                                                                                state.remaining):
             go = False
-        self.declined = n == 0 and not go
+        if n == 0 and not go:
+            self.pricer.decline()
         return go
 
     def update(self, state: DraftState, result: RoundResult) -> None:
-        if result.drafted:  # before the wrapped policy forgets the round (a layer's memo of the draft it has read)
-            self._survival(state)
-        self.pricer.learn(self.raw, result, self.declined)
+        self.pricer.learn(self.inner, state, result)  # before the wrapped policy forgets the round (a layer's memo)
         self.inner.update(state, result)
         self.zero_rounds += result.drafted == 0
-        self._new_round()
 
     def prefilled(self, committed: int) -> None:
         self.inner.prefilled(committed)
@@ -195,12 +144,10 @@ class CostAwarePolicy(DraftPolicy):
         self.inner.set_reference(agree)
 
     def cost_report(self) -> CostReport:
-        p = self.pricer
-        return CostReport(p.costs.to_dict(), self.alpha, self.zero_rounds, p.rounds, self.calibrator.error,
-                          self.calibrator.observations, p.source, length=self.length)
+        return cost_report(self.pricer, self.zero_rounds)
 
     def report(self) -> dict[str, dict]:
         return {**self.inner.report(), "cost_aware": self.cost_report().to_dict()}
 
     def describe(self) -> str:
-        return f"cost-aware({self.inner.describe()})" if self.length else f"{self.inner.describe()}, extras priced"
+        return f"cost-aware({self.inner.describe()})"

@@ -279,7 +279,7 @@ class _LearnedPolicy(DraftPolicy):
         self.needs_target_state = needs_target_state(spec)
         self.needs_target_hidden = needs_target_hidden(spec)
         self.hist = RoundHistory()
-        key = (self.name, cfg.get("weights_sha256") or id(model), getattr(model, "block", 1), spec)
+        key = (self.name, cfg.get("weights_sha256") or id(model), getattr(model, "block_size", 1), spec)
         if key not in _CHECK_SECONDS:
             _CHECK_SECONDS[key] = check_cost(self.name, model, spec, reps=10)
         self.check_seconds = _CHECK_SECONDS[key]
@@ -324,10 +324,10 @@ class PacerPolicy(_LearnedPolicy):
     name = "pacer"
 
     def __init__(self, model: PreVerifier, mu, sd, cfg: dict, threshold: float | None = None,
-                 min_draft: int | None = None, max_draft: int | None = None, block: int | None = None) -> None:
+                 min_draft: int | None = None, max_draft: int | None = None, block_size: int | None = None) -> None:
         super().__init__(model, mu, sd, cfg, threshold, min_draft, max_draft)
-        self.block = block or model.block
-        model.block = self.block
+        self.block_size = block_size or model.block_size
+        model.block_size = self.block_size
         self._new_memo()
         # the native check's inputs: a reused array of a token's raw scalars, the normaliser
         self._raw = (ctypes.c_float * max(len(self._fns), 1))()
@@ -382,7 +382,7 @@ class PacerPolicy(_LearnedPolicy):
         logit = None
         for i, h in enumerate(rows, start=memo.n):
             self._raw[:] = self._raw_scalars(state, i)
-            logit = cpu.check(k, memo, h.data_ptr(), self._raw_addr, self._mu_addr, self._sd_addr, self.block)
+            logit = cpu.check(k, memo, h.data_ptr(), self._raw_addr, self._mu_addr, self._sd_addr, self.block_size)
         return logit
 
     def _new_memo(self, state: DraftState | None = None) -> PrefixState:
@@ -390,7 +390,7 @@ class PacerPolicy(_LearnedPolicy):
         return self._memo
 
     def should_continue(self, state: DraftState) -> bool:
-        if state.n == 0 or state.n % self.block:
+        if state.n == 0 or state.n % self.block_size:
             return True  # decide at block boundaries only
         if state.n > self.spec.max_draft:
             return False
@@ -409,7 +409,7 @@ class PacerPolicy(_LearnedPolicy):
 
     def describe(self) -> str:
         thr = "cost-aware" if self.threshold is None else f"{self.threshold:.2f}"
-        return f"pacer(b={self.block}, threshold={thr}, min={self.min_draft}, max={self.max_draft})"
+        return f"pacer(b={self.block_size}, threshold={thr}, min={self.min_draft}, max={self.max_draft})"
 
 
 class SpecDecPPPolicy(_LearnedPolicy):
@@ -470,7 +470,7 @@ def make_learned_policy(kind: str, path: Path | str | None, draft_fingerprint: s
                          f"({target.fingerprint[:16]}...); collect and train one for this pair (pacer collect "
                          f"--target-hidden, pacer train)")
     cls = PacerPolicy if kind == "pacer" else SpecDecPPPolicy
-    extra = {"block": opts.pop("block")} if kind == "pacer" and "block" in opts else {}
+    extra = {"block_size": opts.pop("block")} if kind == "pacer" and "block" in opts else {}
     if opts:
         known = "threshold, path, block" if kind == "pacer" else "threshold, path"
         raise PacerError(f"unknown {kind} option(s): {', '.join(opts)} (known: {known})")

@@ -35,10 +35,10 @@ from .. import native
 
 
 class PreVerifier(nn.Module):
-    def __init__(self, hidden_dim: int, n_scalars: int, block: int = 4, d: int = 64, heads: int = 2,
+    def __init__(self, hidden_dim: int, n_scalars: int, block_size: int = 4, d: int = 64, heads: int = 2,
                  max_draft: int = 32, rank: int = 0, dropout: float = 0.0, context: bool = True) -> None:
         super().__init__()
-        self.block = block
+        self.block_size = block_size
         #: False: no attention over the earlier draft tokens (each token's score from its own features; the
         #: block score still multiplies the survival and pools the block)
         self.context = context
@@ -68,15 +68,16 @@ class PreVerifier(nn.Module):
         return e + self.mlp(self.norm_m(e))
 
     def forward(self, hidden: torch.Tensor, scalars: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Conditional token logits ``[B, m]`` and block logits ``[B, m // block]``."""
+        """Conditional token logits ``[B, m]`` and block logits ``[B, m // block_size]``."""
         z = self.encode(hidden, scalars)
         B, m, d = z.shape
-        k = m // self.block
+        b = self.block_size
+        k = m // b
         c = self.token_head(z).squeeze(-1)
-        survival = nn.functional.logsigmoid(c).cumsum(-1)[:, self.block - 1 : k * self.block : self.block]
+        survival = nn.functional.logsigmoid(c).cumsum(-1)[:, b - 1 : k * b : b]
         survival = survival.clamp(max=-1e-6)
         prior = survival - torch.log(-torch.expm1(survival))  # logit of the survival probability
-        zb = z[:, : k * self.block].reshape(B, k, self.block, d)
+        zb = z[:, : k * b].reshape(B, k, b, d)
         block_in = torch.cat([zb[:, :, -1], zb.mean(2)], -1)
         return c, prior + self.block_head(block_in).squeeze(-1)
 
@@ -87,9 +88,9 @@ class PreVerifier(nn.Module):
         (or given numpy rows) they go through :class:`CpuExtend` (the weights as they are now), elsewhere through
         torch."""
         if isinstance(hidden, np.ndarray):  # float32 rows for the CPU check (a policy's inputs_numpy)
-            return self.cpu().extend(memo, hidden, scalars, self.block)
+            return self.cpu().extend(memo, hidden, scalars, self.block_size)
         if hidden.device.type == "cpu":
-            return self.cpu().extend(memo, hidden.float().numpy(), scalars.float().numpy(), self.block)
+            return self.cpu().extend(memo, hidden.float().numpy(), scalars.float().numpy(), self.block_size)
         return self.extend_torch(memo, hidden, scalars)
 
     def cpu(self) -> CpuExtend:
@@ -115,7 +116,7 @@ class PreVerifier(nn.Module):
             z = z + self.attn.out_proj(a.transpose(0, 1).reshape(r, -1))
         z = z + self.mlp(self.norm_m(z))
         memo.z = z if memo.z is None else torch.cat([memo.z, z])
-        return memo.close(nn.functional.logsigmoid(self.token_head(z)).flatten().tolist(), self.block,
+        return memo.close(nn.functional.logsigmoid(self.token_head(z)).flatten().tolist(), self.block_size,
                           lambda zb: float(self.block_head(torch.cat([zb[-1], zb.mean(0)]))))
 
 
@@ -178,14 +179,14 @@ class CpuExtend:
         erf = np.fromiter(map(math.erf, (u.ravel() / math.sqrt(2.0)).tolist()), np.float64, u.size)
         return (0.5 * u * (1.0 + erf.reshape(u.shape))).astype(np.float32)
 
-    def extend(self, memo: PrefixState, hidden: np.ndarray, scalars: np.ndarray, block: int,
+    def extend(self, memo: PrefixState, hidden: np.ndarray, scalars: np.ndarray, block_size: int,
                kernels: object = "auto") -> float | None:
         """:meth:`PreVerifier.extend` of float32 rows ``hidden [r, D]``, ``scalars [r, S]`` (``memo`` holds numpy
         arrays): one native call a row where this machine has :mod:`pacer.native` built (``kernels``: ``"auto"``
         looks; ``None`` takes numpy's operations), numpy's operations otherwise."""
         k = native.kernels() if kernels == "auto" else kernels
         if k is not None and memo.n + hidden.shape[0] <= self.pos.shape[0]:
-            return self._extend_native(k, memo, hidden, scalars, block)
+            return self._extend_native(k, memo, hidden, scalars, block_size)
         n, r = memo.n, hidden.shape[0]
         z = self._standard(hidden, self.eps[0]) @ self.w_h.T + self.b_h + scalars @ self.w_s.T + self.b_s \
             + self.pos[n : n + r]
@@ -203,20 +204,20 @@ class CpuExtend:
             z = z + np.einsum("hrn,nhd->rhd", att, memo.v).reshape(r, -1) @ self.w_o.T + self.b_o
         z = z + self._gelu(self._standard(z, self.eps[2]) @ self.w_1.T + self.b_1) @ self.w_2.T + self.b_2
         memo.z = z if memo.z is None else np.concatenate([memo.z, z])
-        return self._close(memo, z, block)
+        return self._close(memo, z, block_size)
 
 
     def _extend_native(self, k, memo: PrefixState, hidden: np.ndarray, scalars: np.ndarray,
-                       block: int) -> float | None:
+                       block_size: int) -> float | None:
         """:meth:`extend` one row at a time through ``pacer_layer_check`` (:meth:`check`)."""
         hidden = np.ascontiguousarray(hidden, np.float32)
         scalars = np.ascontiguousarray(scalars, np.float32)
         logit = None
         for j in range(hidden.shape[0]):
-            logit = self.check(k, memo, hidden[j].ctypes.data, scalars[j].ctypes.data, 0, 0, block)
+            logit = self.check(k, memo, hidden[j].ctypes.data, scalars[j].ctypes.data, 0, 0, block_size)
         return logit
 
-    def check(self, k, memo: PrefixState, hidden: int, scalars: int, mu: int, sd: int, block: int) -> float | None:
+    def check(self, k, memo: PrefixState, hidden: int, scalars: int, mu: int, sd: int, block_size: int) -> float | None:
         """Token ``memo.n`` of a draft through the layer in one native call (``k``: :func:`pacer.native.kernels`):
         ``hidden``, ``scalars``: addresses of its float32 hidden row (``D`` values) and scalars, raw where ``mu``
         and ``sd`` are the addresses of the normaliser (0: already normalised); returns :meth:`extend`'s block
@@ -241,7 +242,7 @@ class CpuExtend:
                                 ctypes.addressof(out))
         if self._layer is None:
             self._layer = self._struct(d)  # (byref, the record it refers to)
-        if k.layer_check(self._layer[0], hidden, scalars, mu or None, sd or None, n, block, *memo.native_ptrs):
+        if k.layer_check(self._layer[0], hidden, scalars, mu or None, sd or None, n, block_size, *memo.native_ptrs):
             raise ValueError(f"the native layer check refused token {n} of a draft of at most {m}")
         memo.native_n = n + 1
         memo.log_survival.append(memo.native_ls[n])
@@ -250,11 +251,11 @@ class CpuExtend:
             memo.block_logit = closed
         return memo.block_logit
 
-    def _close(self, memo: PrefixState, z: np.ndarray, block: int) -> float | None:
+    def _close(self, memo: PrefixState, z: np.ndarray, block_size: int) -> float | None:
         """The new tokens' states ``z`` (already in ``memo.z``) to their ``log σ(c_i)`` and the block logit."""
         log_sigma = [-math.log1p(math.exp(-c)) if c >= 0 else c - math.log1p(math.exp(c))  # stable both ways
                      for c in (z @ self.w_t + self.b_t).tolist()]
-        return memo.close(log_sigma, block,
+        return memo.close(log_sigma, block_size,
                           lambda zb: float(np.concatenate([zb[-1], zb.mean(0)]) @ self.w_b) + self.b_b)
 
     def _struct(self, d: int):
@@ -335,17 +336,17 @@ class PrefixState:
             return self.native_n
         return 0 if self._z is None else self._z.shape[0]
 
-    def close(self, log_sigma: list[float], block: int, pooled) -> float | None:
+    def close(self, log_sigma: list[float], block_size: int, pooled) -> float | None:
         """After ``z`` took the new tokens' states: add their ``log σ(c_i)`` to the running log-survival and
         return the block logit of the last complete block (``None`` while there is none): the logit of the
         survival there plus ``pooled(z of that block)``, the block head on its last and mean states."""
         for c in log_sigma:
             self.log_survival.append((self.log_survival[-1] if self.log_survival else 0.0) + c)
-        end = self.n - self.n % block
+        end = self.n - self.n % block_size
         if end == 0:
             return None
         survival = min(self.log_survival[end - 1], -1e-6)
-        self.block_logit = survival - math.log(-math.expm1(survival)) + pooled(self.z[end - block : end])
+        self.block_logit = survival - math.log(-math.expm1(survival)) + pooled(self.z[end - block_size : end])
         return self.block_logit
 
 
