@@ -87,6 +87,22 @@ def test_every_peer_generation_reads_its_whole_prompt(gguf_pair):
         assert read and read[0] >= len(ids), (k, read)
 
 
+def test_a_prompt_longer_than_one_batch_runs(gguf_pair, monkeypatch):
+    """A prompt over llama.cpp's batch (512 tokens in the bench: a summary's article) is read in several batches;
+    with a draft model llama-cpp-python keeps every row's logits, and the peer must size that store for the whole
+    context (it failed to broadcast past the first batch). The tiny target is given a batch of 4 tokens."""
+    from pacer.backends import llamacpp
+    from pacer.bench.peer import LlamaLookupPeer, gguf_path
+
+    dec = gguf_pair
+    ids = dec.encode(QUESTIONS[1].turns[0])
+    want, _, _ = LlamaLookupPeer(dec, gguf_path(dec), 1, dec.target.context).generate(ids, 8, 2)
+    monkeypatch.setattr(llamacpp, "N_BATCH", 4)
+    assert len(ids) > 3 * llamacpp.N_BATCH
+    got, _, _ = LlamaLookupPeer(dec, gguf_path(dec), 1, dec.target.context).generate(ids, 8, 2)
+    assert got == want and got
+
+
 def test_pacer_bench_runs_the_peer_on_a_gguf_target(gguf_pair, tmp_path, monkeypatch, capsys):
     """``pacer bench --backend llamacpp`` with the peer in --methods: it runs beside ar on the run's GGUF target and
     is checked against it (the tiny pair's tokenizer comes from pacer's verified cache, seeded here)."""

@@ -52,8 +52,11 @@ class LlamaLookupPeer:
         from ..backends.llamacpp import N_BATCH
 
         self.dec, self.context, self._lookup = dec, context, LlamaPromptLookupDecoding
+        # logits_all=True: with a draft model llama-cpp-python keeps every row's logits, but it sizes that store by
+        # the argument (n_batch rows when False), so a prompt longer than one batch failed to broadcast
         self.llm = Llama(model_path=path, n_ctx=context, n_batch=N_BATCH, n_threads=threads,
-                         n_threads_batch=threads, draft_model=LlamaPromptLookupDecoding(), verbose=False)
+                         n_threads_batch=threads, draft_model=LlamaPromptLookupDecoding(), logits_all=True,
+                         verbose=False)
 
     def encode(self, prompt, chat: bool = False, history: Sequence[dict] = ()) -> list[int]:
         return self.dec.encode(prompt, chat=chat, history=history)
