@@ -325,9 +325,9 @@ def regime_row(report: str) -> str:
                          f"figures come from held-out questions")
     overall = s["groups"]["overall"]
     primary = primary_clock(s)
-    default = next((label for label in overall if label in DEFAULT_LABELS), None)
+    default = next((label for label in default_labels() if label in overall), None)
     if default is None:
-        raise SystemExit(f"build_pages: {report} runs none of {', '.join(DEFAULT_LABELS)}")
+        raise SystemExit(f"build_pages: {report} runs none of {', '.join(default_labels())}")
     where = (f"{m.get('backend') or 'transformers'} {m.get('dtype')}, {m.get('cpu') or 'CPU not recorded'}, "
              f"{m.get('threads')} threads")
     figures = []
@@ -349,8 +349,13 @@ def regime_row(report: str) -> str:
             f"[{report}](docs/bench/{report}/report.md) |")
 
 
-#: the labels of pacer's default method in a README report (the first one found names the row's behaviour)
-DEFAULT_LABELS = ("pacer+ouroboros", "pacer")
+def default_labels() -> tuple[str, ...]:
+    """The labels that name a README row's behaviour, in order: pacer's default method
+    (:data:`pacer.methods.DEFAULT_METHOD`), then the other PACER method."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from pacer.methods import DEFAULT_METHOD
+
+    return (DEFAULT_METHOD, *(m for m in ("pacer", "pacer+ouroboros") if m != DEFAULT_METHOD))
 
 
 def regime_table() -> str:

@@ -13,6 +13,7 @@ from pacer.api import Decoder
 from pacer.args import auto_method
 from pacer.cli import DEMO_PROMPTS, build_parser
 from pacer.methods import DEFAULT_METHOD, resolve_default
+from pacer.methods.default import WITHOUT_LAYER
 from pacer.request import GenerationRequest, MethodRequest
 from pacer.serve.protocol import Defaults
 from pacer.tiny import tiny_pair
@@ -42,11 +43,12 @@ def args_for(method: str, draft: str = "default-draft", preverifier: str | None 
 
 def test_the_default_runs_without_its_layer_where_the_pair_has_none(tmp_path):
     assert resolve_default(DEFAULT_METHOD, True) == DEFAULT_METHOD
-    assert resolve_default(DEFAULT_METHOD, False) == "ouroboros"
-    assert resolve_default("sd", False) == "sd" and resolve_default("pacer", False) == "pacer"  # asked for: as is
+    assert resolve_default(DEFAULT_METHOD, False) == WITHOUT_LAYER[DEFAULT_METHOD] != DEFAULT_METHOD
+    assert resolve_default("sd", False) == "sd"  # asked for: as is
+    assert resolve_default("pacer+ouroboros", False) == "pacer+ouroboros"
     assert auto_method(args_for(DEFAULT_METHOD)) == DEFAULT_METHOD  # the shipped layer, the default draft
     assert auto_method(args_for("auto")) == DEFAULT_METHOD
-    assert auto_method(args_for(DEFAULT_METHOD, draft=str(tmp_path))) == "ouroboros"  # another draft: no layer
+    assert auto_method(args_for(DEFAULT_METHOD, draft=str(tmp_path))) == WITHOUT_LAYER[DEFAULT_METHOD]  # no layer
     assert auto_method(args_for(DEFAULT_METHOD, str(tmp_path), str(tmp_path))) == DEFAULT_METHOD  # one given
     assert auto_method(args_for("sd", draft=str(tmp_path))) == "sd"
 
@@ -54,7 +56,7 @@ def test_the_default_runs_without_its_layer_where_the_pair_has_none(tmp_path):
 def test_decoder_generate_runs_the_default_losslessly_on_a_pair_without_a_layer():
     dec = Decoder(*tiny_pair("close"), threads=1)
     res = dec.generate("hello world, this is hello world, this is", max_new_tokens=16)
-    assert res.stats.method == "ouroboros"  # the tiny pair has no shipped pre-verifier
+    assert res.stats.method == WITHOUT_LAYER[DEFAULT_METHOD]  # the tiny pair has no shipped pre-verifier
     assert res.token_ids == dec.generate("hello world, this is hello world, this is", "ar", 16).token_ids
 
 

@@ -2,16 +2,18 @@
 the OpenAI server's requests, :meth:`pacer.Decoder.generate`, :func:`pacer.generate`); ``--method`` (or the
 ``method`` argument) overrides it.
 
-:data:`DEFAULT_METHOD` is the cost-aware method that decodes plainly wherever no draft pays on this machine's
-measured costs and drafts phrases where text repeats. It decides with PACER's trained layer; a pair without one
-(a draft the shipped checkpoints were not trained for, and no ``--preverifier``) runs its layer-free sibling,
-:data:`WITHOUT_LAYER`, under the same cost-aware rule (:func:`resolve_default`), so that the default never fails for
-want of a checkpoint."""
+:data:`DEFAULT_METHOD` is PACER under the cost rule: it drafts with the draft model where that pays on this machine's
+measured costs and decodes plainly wherever no draft pays (the steep llama.cpp curve of few CPU cores), so it is
+never slower than plain decoding by more than its bookkeeping. Phrase drafting (``pacer+ouroboros``) is not the
+default: on llama.cpp its phrase rounds cost more than the rule prices them (the held-out report
+``docs/bench/readme/llamacpp-zen4``). It decides with PACER's trained layer; a pair without one (a draft the shipped
+checkpoints were not trained for, and no ``--preverifier``) runs its layer-free sibling, :data:`WITHOUT_LAYER`,
+under the same cost rule (:func:`resolve_default`), so that the default never fails for want of a checkpoint."""
 
 from __future__ import annotations
 
 #: the method every entry point runs unless told otherwise
-DEFAULT_METHOD = "pacer+ouroboros"
+DEFAULT_METHOD = "pacer"
 #: the method with PACER's layer -> the same drafter under the fixed rule (the cost-aware rule decides its length)
 WITHOUT_LAYER = {"pacer": "sd", "pacer+ouroboros": "ouroboros"}
 
