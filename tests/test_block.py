@@ -24,7 +24,6 @@ import torch
 
 from pacer import Decoder, PacerError, SamplingConfig
 from pacer import sampling as S
-from pacer.policies.cost_aware import CostAwarePolicy
 from test_sampling import ALPHA, PROMPT, check_generate_sampling, chi2_pvalue
 
 V = 3
@@ -390,7 +389,7 @@ def test_cost_rule_learns_the_acceptance_of_the_rule_in_use():
     verification exactly block's ``τ`` of each round (``GenerationStats``), so its ``α_i`` and survival are
     block's. A sampled generation learns from the initial memory (a seeded sample is reproducible:
     ``tests/test_seeds.py``), so each generation's memory holds that generation's rounds alone.
-    Ouroboros with a fixed ``γ``: the rule prices its extras and never declines a round (no fading)."""
+    Ouroboros with a fixed ``γ``: a literal rule whose pricer prices its extras and never declines a round."""
     from conftest import FLAT
     from pacer.request import MethodRequest
     from pacer.tiny import tiny_pair
@@ -402,7 +401,8 @@ def test_cost_rule_learns_the_acceptance_of_the_rule_in_use():
         seen = 0
         for s in range(6):
             policy = dec.make_policy(req, rows, verify)
-            assert isinstance(policy, CostAwarePolicy)
+            pricer = dec.pricer_of(policy)  # a literal rule and its pricer: the pricer learns the rounds
+            assert pricer.priced
             st = dec.generate(PROMPT, req, max_new_tokens=30, sampling=SamplingConfig(1.0, seed=s, verify=verify),
                               policy=policy).stats
             hits, trials = [0] * 6, [0] * 6
@@ -410,7 +410,7 @@ def test_cost_rule_learns_the_acceptance_of_the_rule_in_use():
                 for i in range(1, min(n + 1, γ) + 1):
                     trials[i] += 1
                     hits[i] += i <= n
-            memory, seen = policy.memory, seen + sum(trials)
+            memory, seen = pricer.memory, seen + sum(trials)
             for i in range(1, 6):
                 assert memory.trials[i] - memory.prior == trials[i], (verify, i)
                 assert memory.hits[i] - memory.prior * memory.alpha0 == pytest.approx(hits[i]), (verify, i)

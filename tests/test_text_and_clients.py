@@ -12,24 +12,13 @@ import time
 import httpx
 import pytest
 
-from conftest import FLAT
-from pacer import Decoder, PacerError
+import test_serve
+from pacer import PacerError
 from pacer.cli import main
 from pacer.io import loads_json, read_json
-from pacer.tiny import save_tiny_pair, tiny_pair
-from test_serve import Server
+from pacer.tiny import save_tiny_pair
 
-
-@pytest.fixture(scope="module")
-def dec():
-    return Decoder(*tiny_pair("close"), threads=1, costs=FLAT)
-
-
-@pytest.fixture(scope="module")
-def server(dec):
-    s = Server(dec, queue_size=4)
-    yield s
-    s.stop()
+dec, server = test_serve.dec, test_serve.server  # the served tiny pair's fixtures, shared with test_serve
 
 
 LONE = [
