@@ -304,7 +304,7 @@ README_REPORTS = BENCH / "readme"
 
 
 def readme_reports() -> list[str]:
-    return sorted(str(f.parent.relative_to(BENCH)) for f in README_REPORTS.glob("*/summary.json"))
+    return sorted(str(f.parent.relative_to(README_REPORTS.parent)) for f in README_REPORTS.glob("*/summary.json"))
 
 
 def what_it_does(entry: dict) -> str:

@@ -33,6 +33,7 @@ def pages(tmp_path, monkeypatch):
     shutil.copytree(ROOT / "docs" / "profiles", profiles)
     monkeypatch.setattr(pages, "BENCH", bench)
     monkeypatch.setattr(pages, "PROFILES", profiles)
+    monkeypatch.setattr(pages, "README_REPORTS", bench / "readme")
     return pages
 
 
