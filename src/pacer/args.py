@@ -69,18 +69,19 @@ def load_decoder(args: argparse.Namespace, request: MethodRequest | None = None)
     return Decoder.load(spec if request is None or request.loads_draft else spec.without_draft())
 
 
-def auto_method(args: argparse.Namespace) -> str:
+def auto_method(args: argparse.Namespace, options: dict | None = None) -> str:
     """The method to run: ``--method`` as given, the default (:data:`pacer.methods.DEFAULT_METHOD`; ``auto`` names
     it too) with PACER's layer where a pre-verifier is there for the pair (the shipped one of the backend on the
     default draft, or one given with ``--preverifier``), else its layer-free sibling
-    (:func:`pacer.methods.resolve_default`). The backend must be resolved (:func:`check_model_args`)."""
+    (:func:`pacer.methods.resolve_default`); ``options``: method options given besides the flags (the server's
+    ``--speculative-config``). The backend must be resolved (:func:`check_model_args`)."""
     method = methods.DEFAULT_METHOD if args.method == "auto" else args.method
     if method != methods.DEFAULT_METHOD:
         return method
     from .policies.learned import default_checkpoint
 
     shipped = (default_checkpoint("pacer", args.backend) / "config.json").exists()
-    given = method_options(args).get("path")
+    given = {**method_options(args), **(options or {})}.get("path")
     return methods.resolve_default(method, bool((args.draft == "default-draft" and shipped) or given))
 
 

@@ -104,7 +104,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise PacerError(f"--request-timeout must be > 0, got {args.request_timeout}")
     check_model_args(args)
     args.method = cfg.pop("method", None) or args.method
-    args.method = auto_method(args)
+    args.method = auto_method(args, cfg)
     settings = {k: cfg.pop(k, getattr(args, k)) for k in ("gamma", "min_draft", "max_draft")}
     if (given := cfg.pop("verify", None)) is not None and args.verify not in (None, given):
         raise PacerError(f"--verify {args.verify} and --speculative-config's rejection_sample_method (verify "
